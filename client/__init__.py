@@ -1,0 +1,23 @@
+"""samplecache: a per-host, growing local sample of a remote Parquet dataset.
+
+``from samplecache import SampleCacheDataset`` is the training-side API. The
+import is lazy so that ``samplecache.record`` and ``samplecache.service`` (the
+daemon, which never imports torch) stay free of torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["SampleCacheDataset", "DaemonError", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SampleCacheDataset":
+        from samplecache.dataset import SampleCacheDataset
+        return SampleCacheDataset
+    if name == "DaemonError":
+        from samplecache.daemon_api import DaemonError
+        return DaemonError
+    raise AttributeError(f"module 'samplecache' has no attribute {name!r}")

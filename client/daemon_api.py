@@ -1,0 +1,57 @@
+"""Talking to the daemon over HTTP (stdlib only): manifests, with bounded retries."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+class DaemonError(RuntimeError):
+    """The daemon refused a request or could not be reached; the message says which and why."""
+
+
+def _detail(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("detail", body[:500].decode(errors="replace")))
+    except (ValueError, AttributeError):
+        return body[:500].decode(errors="replace")
+
+
+def request_json(url: str, method: str = "GET", token: str | None = None, body: Any = None,
+                 timeout: float = 60.0, retries: int = 5, backoff: float = 0.5) -> Any:
+    """One JSON request; retries connection failures and 503s (bounded), raises DaemonError."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Accept": "application/json"}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    last = ""
+    for attempt in range(retries + 1):
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            detail = _detail(e.read())
+            if e.code != 503:
+                raise DaemonError(f"samplecache daemon at {url} answered {e.code}: {detail}") from None
+            last = f"{e.code}: {detail}"
+            wait = float(e.headers.get("Retry-After") or backoff * 2 ** attempt)
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            reason = getattr(e, "reason", e)
+            last = f"cannot connect: {reason}"
+            wait = backoff * 2 ** attempt
+        if attempt < retries:
+            time.sleep(min(wait, 10.0))
+    raise DaemonError(f"samplecache daemon at {url} is not available after {retries + 1} attempts ({last}); "
+                      f"is `samplecache serve` running there?")
+
+
+def fetch_manifest(base_url: str, epoch: int, min_samples: int = 1, wait: float = 30.0,
+                   token: str | None = None, retries: int = 5) -> dict[str, Any]:
+    url = f"{base_url.rstrip('/')}/v1/epochs/{int(epoch)}?min_samples={int(min_samples)}&timeout={wait}"
+    return request_json(url, token=token, timeout=wait + 30.0, retries=retries)  # type: ignore[no-any-return]

@@ -1,0 +1,48 @@
+"""Which epoch an iteration reads when the user does not call ``set_epoch``.
+
+Iterating again advances the epoch, also with non-persistent DataLoader workers
+(fresh copies of the dataset every epoch). All workers of one DataLoader
+iteration share a base seed, and a persistent worker counts its own
+iterations; the pair is the iteration's key. A small shared-memory record, made
+before the workers start and inherited by them, maps each new key to the next
+epoch.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from multiprocessing.context import get_spawning_popen
+from typing import Any
+
+
+class EpochClock:
+    def __init__(self, start: int = 0) -> None:
+        # [next epoch, has key, key part a, key part b]
+        self._shared: Any = mp.get_context("spawn").Array("q", [start, 0, 0, 0])
+        self._local_next = start  # used when the shared record could not travel (pickled by hand)
+
+    def set(self, epoch: int) -> None:
+        if self._shared is not None:
+            with self._shared.get_lock():
+                self._shared[0], self._shared[1] = epoch, 0
+        self._local_next = epoch
+
+    def take(self, key: tuple[int, int]) -> int:
+        """The epoch of the iteration with ``key``; a new key advances the clock."""
+        a, b = (key[0] & 0x7FFFFFFFFFFFFFFF), key[1]
+        if self._shared is None:
+            self._local_next += 1
+            return self._local_next - 1
+        with self._shared.get_lock():
+            s = self._shared
+            if s[1] and s[2] == a and s[3] == b:
+                return int(s[0]) - 1
+            s[1], s[2], s[3] = 1, a, b
+            s[0] += 1
+            return int(s[0]) - 1
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if get_spawning_popen() is None:
+            state["_shared"] = None  # only a spawning process may inherit shared memory
+        return state

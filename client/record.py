@@ -1,0 +1,257 @@
+"""The record/wire format: the one module the daemon and the client share.
+
+Pure stdlib + numpy. A shard's rows are stored as *blocks*: each block holds a
+contiguous run of rows, column by column, so a batch is a vectorised gather and
+a 1 MiB tensor decodes with a single ``np.frombuffer`` + copy.
+
+Block layout (all integers little endian)::
+
+    header   : magic b"SCB" + FORMAT_VERSION (u8) | ncols u16 | pad u16 | nrows u32 | pad u32   (16 bytes)
+    table    : ncols x 6 u64 = (data_off, data_len, aux_off, aux_len, shape_off, valid_off)
+    sections : each aligned to ALIGN bytes
+
+Per column kind:
+
+* ``fixed``  data = nrows x prod(shape) values of dtype, C order.
+* ``list``   data = flat leaf values; aux = int64 offsets (nrows + 1) in leaf
+             items; shape section = int32 (nrows, ndim) per-row shapes.
+* ``string`` / ``binary`` data = concatenated bytes; aux = int64 offsets.
+* any kind may carry ``valid`` = nrows uint8 (0 = null); offset 0 means none.
+
+The schema is stored once (in the daemon's catalog and in every manifest), never
+per record. Keys sort by shard id, so age order is key order.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+FORMAT_VERSION = 1
+MAGIC = b"SCB" + bytes([FORMAT_VERSION])
+ALIGN = 64
+KINDS = ("fixed", "list", "string", "binary")
+
+_HEADER = struct.Struct("<4sHHII")
+_ENTRY = struct.Struct("<6Q")
+
+
+class FormatError(ValueError):
+    """A block or schema that this version of the format cannot read."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the schema.
+
+    ``shape`` is the per-sample shape for ``fixed`` columns (``()`` for a
+    scalar); for ``list`` columns it has ``-1`` where a dimension varies by row.
+    """
+
+    name: str
+    kind: str
+    dtype: str | None = None
+    shape: tuple[int, ...] = ()
+    nullable: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "dtype": self.dtype,
+                "shape": list(self.shape), "nullable": self.nullable}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "Column":
+        kind = obj["kind"]
+        if kind not in KINDS:
+            raise FormatError(f"unknown column kind {kind!r}")
+        return cls(name=obj["name"], kind=kind, dtype=obj.get("dtype"),
+                   shape=tuple(obj.get("shape", ())), nullable=bool(obj.get("nullable", False)))
+
+    @property
+    def item_count(self) -> int:
+        """Values per sample of a ``fixed`` column."""
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+
+@dataclass(frozen=True)
+class Schema:
+    columns: tuple[Column, ...]
+    version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format_version": self.version, "columns": [c.to_json() for c in self.columns]}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "Schema":
+        version = int(obj.get("format_version", -1))
+        if version != FORMAT_VERSION:
+            raise FormatError(
+                f"record format version mismatch: data has v{version}, this samplecache reads v{FORMAT_VERSION}")
+        return cls(columns=tuple(Column.from_json(c) for c in obj["columns"]), version=version)
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def index(self, name: str) -> int:
+        for i, c in enumerate(self.columns):
+            if c.name == name:
+                return i
+        raise KeyError(f"no column {name!r}; columns are {self.names}")
+
+
+# --- keys ------------------------------------------------------------------------
+
+def record_key(shard_id: int, block: int) -> bytes:
+    """Key of one block: shard id (8 bytes BE) + block index (4 bytes BE)."""
+    return shard_id.to_bytes(8, "big") + block.to_bytes(4, "big")
+
+
+def shard_prefix(shard_id: int) -> bytes:
+    return shard_id.to_bytes(8, "big")
+
+
+def parse_key(key: bytes) -> tuple[int, int]:
+    return int.from_bytes(key[:8], "big"), int.from_bytes(key[8:12], "big")
+
+
+# --- encoding ----------------------------------------------------------------------
+
+@dataclass
+class ColumnData:
+    """Encoder input for one column of one block (numpy arrays, no Python objects)."""
+
+    data: np.ndarray                      # fixed: (nrows, *shape); others: flat values / uint8 bytes
+    offsets: np.ndarray | None = None     # list/string/binary: int64, nrows + 1
+    shapes: np.ndarray | None = None      # list: int32 (nrows, ndim)
+    valid: np.ndarray | None = None       # optional bool/uint8 (nrows,)
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def encode_block(schema: Schema, columns: Sequence[ColumnData], nrows: int) -> bytes:
+    """Encode one block; ``columns`` follows ``schema.columns`` order."""
+    if len(columns) != len(schema.columns):
+        raise FormatError(f"block has {len(columns)} columns, schema has {len(schema.columns)}")
+    parts: list[tuple[int, np.ndarray]] = []
+    table: list[tuple[int, ...]] = []
+    pos = _aligned(_HEADER.size + _ENTRY.size * len(columns))
+
+    def place(arr: np.ndarray | None) -> tuple[int, int]:
+        nonlocal pos
+        if arr is None:
+            return 0, 0
+        raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        off = pos
+        parts.append((off, raw))
+        pos = _aligned(pos + raw.nbytes)
+        return off, raw.nbytes
+
+    for col, cd in zip(schema.columns, columns):
+        data_off, data_len = place(cd.data)
+        aux_off, aux_len = place(None if cd.offsets is None else cd.offsets.astype("<i8", copy=False))
+        shape_off, _ = place(None if cd.shapes is None else cd.shapes.astype("<i4", copy=False))
+        valid_off, _ = place(None if cd.valid is None else cd.valid.astype(np.uint8, copy=False))
+        table.append((data_off, data_len, aux_off, aux_len, shape_off, valid_off))
+
+    out = bytearray(pos)
+    _HEADER.pack_into(out, 0, MAGIC, len(columns), 0, nrows, 0)
+    for i, entry in enumerate(table):
+        _ENTRY.pack_into(out, _HEADER.size + i * _ENTRY.size, *entry)
+    view = memoryview(out)
+    for off, raw in parts:
+        view[off:off + raw.nbytes] = raw.data
+    return bytes(out)
+
+
+# --- decoding ------------------------------------------------------------------------
+
+class BlockView:
+    """Zero-copy view of one encoded block (e.g. an LMDB memoryview).
+
+    Arrays returned by the ``*_array`` helpers alias ``buf``: copy before the
+    buffer goes away (the LMDB read transaction ends). ``row`` and ``gather``
+    return owned copies.
+    """
+
+    __slots__ = ("buf", "schema", "nrows", "_table", "_cache")
+
+    def __init__(self, buf: memoryview | bytes, schema: Schema) -> None:
+        magic, ncols, _, nrows, _ = _HEADER.unpack_from(buf, 0)
+        if magic != MAGIC:
+            if bytes(magic[:3]) == MAGIC[:3]:
+                raise FormatError(f"record format version mismatch: block is v{magic[3]}, "
+                                  f"this samplecache reads v{FORMAT_VERSION}")
+            raise FormatError("not a samplecache block (bad magic)")
+        if ncols != len(schema.columns):
+            raise FormatError(f"block has {ncols} columns, schema has {len(schema.columns)}")
+        self.buf = buf
+        self.schema = schema
+        self.nrows = nrows
+        self._table = [_ENTRY.unpack_from(buf, _HEADER.size + i * _ENTRY.size) for i in range(ncols)]
+        self._cache: dict[int, tuple[Any, ...]] = {}
+
+    def _parts(self, ci: int) -> tuple[Any, ...]:
+        got = self._cache.get(ci)
+        if got is not None:
+            return got
+        col = self.schema.columns[ci]
+        data_off, data_len, aux_off, aux_len, shape_off, valid_off = self._table[ci]
+        n = self.nrows
+        valid = np.frombuffer(self.buf, np.uint8, n, valid_off) if valid_off else None
+        if col.kind == "fixed":
+            dt = np.dtype(col.dtype)
+            data = np.frombuffer(self.buf, dt, data_len // dt.itemsize, data_off).reshape((n,) + col.shape)
+            got = (data, None, None, valid)
+        else:
+            offsets = np.frombuffer(self.buf, "<i8", n + 1, aux_off)
+            if col.kind == "list":
+                dt = np.dtype(col.dtype)
+                data = np.frombuffer(self.buf, dt, data_len // dt.itemsize, data_off)
+                shapes = np.frombuffer(self.buf, "<i4", n * len(col.shape), shape_off).reshape(n, len(col.shape))
+                got = (data, offsets, shapes, valid)
+            else:
+                got = (np.frombuffer(self.buf, np.uint8, data_len, data_off), offsets, None, valid)
+        self._cache[ci] = got
+        return got
+
+    def column_array(self, ci: int) -> np.ndarray:
+        """The whole ``fixed`` column as an (nrows, *shape) view."""
+        return self._parts(ci)[0]
+
+    def value(self, ci: int, i: int) -> Any:
+        """One cell as an owned Python/numpy value (None for null)."""
+        data, offsets, shapes, valid = self._parts(ci)
+        if valid is not None and not valid[i]:
+            return None
+        kind = self.schema.columns[ci].kind
+        if kind == "fixed":
+            v = data[i]
+            return v.copy() if data.ndim > 1 else v
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        if kind == "list":
+            return data[a:b].reshape(tuple(shapes[i])).copy()
+        raw = data[a:b].tobytes()
+        return raw.decode("utf-8") if kind == "string" else raw
+
+    def row(self, i: int, cols: Sequence[int]) -> dict[str, Any]:
+        names = self.schema.columns
+        return {names[ci].name: self.value(ci, i) for ci in cols}
+
+    def gather(self, rows: np.ndarray, ci: int) -> Any:
+        """Values of column ``ci`` at ``rows``: one array for fixed columns, else a list."""
+        data, _, _, valid = self._parts(ci)
+        if self.schema.columns[ci].kind == "fixed" and valid is None:
+            return np.take(data, rows, axis=0)
+        return [self.value(ci, int(r)) for r in rows]
+
+
+def decode_rows(buf: memoryview | bytes, schema: Schema, cols: Iterable[int] | None = None) -> list[dict[str, Any]]:
+    """Decode every row of a block (convenience for tests and tools)."""
+    view = BlockView(buf, schema)
+    idx = list(range(len(schema.columns))) if cols is None else list(cols)
+    return [view.row(i, idx) for i in range(view.nrows)]

@@ -1,0 +1,1 @@
+"""The samplecache daemon. Never imports torch."""

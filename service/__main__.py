@@ -1,0 +1,3 @@
+from samplecache.service.cli import main
+
+raise SystemExit(main())

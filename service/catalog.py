@@ -1,0 +1,188 @@
+"""The catalog: what the cache holds. LMDB named databases + an in-memory mirror.
+
+Layout of the LMDB environment (``<cache-dir>/lmdb``):
+
+* ``records``: record_key(shard id, block) -> encoded block (samplecache.record)
+* ``shards``:  shard id (8 bytes BE) -> shard JSON
+* ``epochs``:  epoch (8 bytes BE) -> sealed manifest JSON
+* ``files``:   remote path -> file JSON (row groups, quarantine)
+* ``meta``:    b"format", b"source", b"schema", b"cursor", b"next_shard"
+
+Only ``writer.py`` writes; this module reads the environment once at start and
+keeps the mirror that the writer updates after each commit.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+import lmdb
+
+DBS = (b"records", b"shards", b"epochs", b"files", b"meta")
+MANIFEST_CACHE = 8
+
+
+def u64(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
+@dataclass
+class Shard:
+    id: int
+    key: str
+    path: str
+    row_group: int
+    unit: int
+    cycle: int
+    rows: int
+    bytes: int
+    rows_per_block: int
+    blocks: int
+    created: float
+    last_used_epoch: int = -1
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "Shard":
+        return cls(**json.loads(raw))
+
+
+@dataclass
+class CatalogState:
+    shards: "OrderedDict[int, Shard]" = field(default_factory=OrderedDict)
+    keys: set[str] = field(default_factory=set)
+    epochs: list[int] = field(default_factory=list)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Catalog:
+    """Thread-safe mirror of the shard table, epochs, files and meta."""
+
+    def __init__(self, env: lmdb.Environment, dbs: dict[bytes, Any]) -> None:
+        self.env = env
+        self.dbs = dbs
+        self._lock = threading.RLock()
+        self._state = CatalogState()
+        self._manifests: "OrderedDict[int, bytes]" = OrderedDict()
+        self.resident_bytes = 0
+        self.resident_rows = 0
+        self._units: Counter[tuple[str, int]] = Counter()
+        self._load()
+
+    def _load(self) -> None:
+        st = self._state
+        with self.env.begin(buffers=False) as txn:
+            for k, v in txn.cursor(db=self.dbs[b"meta"]):
+                st.meta[k.decode()] = json.loads(v)
+            for _, v in txn.cursor(db=self.dbs[b"shards"]):
+                s = Shard.from_json(v)
+                st.shards[s.id] = s
+                st.keys.add(s.key)
+            st.epochs = [int.from_bytes(k, "big") for k in txn.cursor(db=self.dbs[b"epochs"]).iternext(values=False)]
+            for k, v in txn.cursor(db=self.dbs[b"files"]):
+                st.files[k.decode()] = json.loads(v)
+        self.resident_bytes = sum(s.bytes for s in st.shards.values())
+        self.resident_rows = sum(s.rows for s in st.shards.values())
+        self._units.update((s.path, s.row_group) for s in st.shards.values())
+
+    # -- reads ------------------------------------------------------------------------
+    def meta(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            return self._state.meta.get(key, default)
+
+    def shards(self) -> list[Shard]:
+        with self._lock:
+            return list(self._state.shards.values())
+
+    def shard(self, shard_id: int) -> Shard | None:
+        with self._lock:
+            return self._state.shards.get(shard_id)
+
+    def unit_resident(self, path: str, row_group: int) -> bool:
+        with self._lock:
+            return self._units[(path, row_group)] > 0
+
+    def resident_units(self) -> int:
+        with self._lock:
+            return sum(1 for v in self._units.values() if v > 0)
+
+    def has_key(self, key: str) -> bool:
+        with self._lock:
+            return key in self._state.keys
+
+    def epochs(self) -> list[int]:
+        with self._lock:
+            return list(self._state.epochs)
+
+    def files(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return dict(self._state.files)
+
+    def manifest_bytes(self, epoch: int) -> bytes | None:
+        """The sealed manifest of ``epoch`` as stored (JSON bytes), or None."""
+        with self._lock:
+            if epoch in self._manifests:
+                self._manifests.move_to_end(epoch)
+                return self._manifests[epoch]
+            if epoch not in self._state.epochs:
+                return None
+        with self.env.begin() as txn:
+            raw = txn.get(u64(epoch), db=self.dbs[b"epochs"])
+        if raw is not None:
+            self._remember(epoch, bytes(raw))
+        return raw
+
+    def iter_manifests(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        for n in self.epochs():
+            raw = self.manifest_bytes(n)
+            if raw is not None:
+                yield n, json.loads(raw)
+
+    # -- updates (called by the writer after a commit) -----------------------------------
+    def _remember(self, epoch: int, raw: bytes) -> None:
+        with self._lock:
+            self._manifests[epoch] = raw
+            self._manifests.move_to_end(epoch)
+            while len(self._manifests) > MANIFEST_CACHE:
+                self._manifests.popitem(last=False)
+
+    def added_shard(self, s: Shard) -> None:
+        with self._lock:
+            self._state.shards[s.id] = s
+            self._state.keys.add(s.key)
+            self._units[(s.path, s.row_group)] += 1
+            self.resident_bytes += s.bytes
+            self.resident_rows += s.rows
+
+    def removed_shard(self, shard_id: int) -> None:
+        with self._lock:
+            s = self._state.shards.pop(shard_id, None)
+            if s is not None:
+                self._state.keys.discard(s.key)
+                self._units[(s.path, s.row_group)] -= 1
+                if self._units[(s.path, s.row_group)] <= 0:
+                    del self._units[(s.path, s.row_group)]
+                self.resident_bytes -= s.bytes
+                self.resident_rows -= s.rows
+
+    def sealed(self, epoch: int, raw: bytes) -> None:
+        with self._lock:
+            if epoch not in self._state.epochs:
+                self._state.epochs.append(epoch)
+                self._state.epochs.sort()
+        self._remember(epoch, raw)
+
+    def set_meta(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._state.meta[key] = value
+
+    def set_file(self, path: str, info: dict[str, Any]) -> None:
+        with self._lock:
+            self._state.files[path] = info

@@ -1,0 +1,160 @@
+"""The ``samplecache`` command: serve, status, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from typing import Any, Sequence
+
+from pydantic import ValidationError
+
+from samplecache import __version__
+
+DEFAULT_URL = "http://127.0.0.1:8750"
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _serve_parser(sub: Any) -> None:
+    from samplecache.service.settings import Settings
+
+    p = sub.add_parser("serve", help="run the daemon", description="Run the daemon. Every flag can also be "
+                       "set as SAMPLECACHE_<NAME> in the environment (flags win).")
+    for name, field in Settings.model_fields.items():
+        kw: dict[str, Any] = {"dest": name, "default": None, "help": field.description}
+        if name == "storage_options":
+            kw["type"] = json.loads
+            kw["metavar"] = "JSON"
+        p.add_argument(_flag(name), **kw)
+
+
+def _settings_from(args: argparse.Namespace) -> Any:
+    from samplecache.service.settings import Settings
+
+    given = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    return Settings(**given)
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        name = ".".join(str(p) for p in err.get("loc", ())) or "settings"
+        lines.append(f"  {_flag(name)} / SAMPLECACHE_{name.upper()}: {err.get('msg')} (got {err.get('input')!r})")
+    return "invalid settings:\n" + "\n".join(lines)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from samplecache.service.api import create_app
+    from samplecache.service.daemon import Daemon, StartupError
+    from samplecache.service.remote import RemoteError
+
+    try:
+        settings = _settings_from(args)
+    except ValidationError as e:
+        print(f"samplecache serve: {_explain(e)}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        daemon = Daemon(settings)
+        daemon.check_remote()
+    except (StartupError, RemoteError) as e:
+        print(f"samplecache serve: {e}", file=sys.stderr)
+        if "daemon" in locals():
+            daemon.stop()
+        return 1
+    daemon.start()
+    app = create_app(settings, daemon)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=5, access_log=settings.log_level == "debug")
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        daemon.stop()
+    return 0
+
+
+def _get(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise SystemExit(f"samplecache: {url} answered {e.code}: {e.read()[:300].decode(errors='replace')}")
+    except (urllib.error.URLError, OSError) as e:
+        raise SystemExit(f"samplecache: cannot reach the daemon at {url}: {getattr(e, 'reason', e)}")
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def format_status(s: dict[str, Any]) -> str:
+    cov = s.get("coverage") or {}
+    rows = [
+        ("source", s["source"]),
+        ("cache dir", s["cache_dir"]),
+        ("resident", f"{human(s['bytes'])} of {human(s['max_bytes'])} ({s['samples']} samples, {s['shards']} shards)"),
+        ("disk free", human(s["disk_free"])),
+        ("sampler", f"{s['sampler']['state']}" + (f" ({s['sampler']['reason']})" if s["sampler"]["reason"] else "")
+         + f", {s['sampler']['processes']} processes, {s['sampler']['in_flight']} in flight"),
+        ("ingest", f"{s['ingest']['samples_per_s']:.1f} samples/s, {human(s['ingest']['bytes_per_s'])}/s"),
+        ("coverage", f"{cov.get('units_sampled', 0)}/{cov.get('units', 0)} row groups, "
+                     f"{100 * cov.get('row_fraction', 0):.1f}% of rows, pass {cov.get('cycle', 0)}" if cov else "-"),
+        ("epochs sealed", f"{s['epochs_sealed']} (last {s['last_epoch']})"),
+        ("remote errors", f"{s['remote_errors']}" + (f" (last: {s['last_error']})" if s["last_error"] else "")),
+        ("quarantined", str(len(s["quarantined"]))),
+    ]
+    w = max(len(k) for k, _ in rows)
+    out = [f"{k.ljust(w)}  {v}" for k, v in rows]
+    if s["epochs"]:
+        out.append("")
+        out.append("epoch   samples     new  shards")
+        out += [f"{e['epoch']:>5} {e['samples']:>9} {e['new_samples']:>7} {e['shards']:>7}" for e in s["epochs"][-10:]]
+    for q in s["quarantined"][:10]:
+        out.append(f"quarantined: {q['path']}: {q['reason']}")
+    return "\n".join(out)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    s = _get(args.url.rstrip("/") + "/v1/status")
+    print(json.dumps(s, indent=2) if args.json else format_status(s))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from samplecache.demo import run_demo  # the trainer side: imports torch
+
+    return run_demo(epochs=args.epochs, workdir=args.workdir, port=args.port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="samplecache", description="A per-host cache of a growing random sample "
+                                "of a remote Parquet dataset, for PyTorch training.")
+    p.add_argument("--version", action="version", version=f"samplecache {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    st = sub.add_parser("status", help="print the daemon's status as a table")
+    st.add_argument("--url", default=DEFAULT_URL, help=f"daemon URL (default {DEFAULT_URL})")
+    st.add_argument("--json", action="store_true", help="print the raw JSON")
+    d = sub.add_parser("demo", help="train a small model through a local daemon on an embedded dataset")
+    d.add_argument("--epochs", type=int, default=4)
+    d.add_argument("--workdir", default=None, help="where the demo's source data and cache go (default: a temp dir)")
+    d.add_argument("--port", type=int, default=0, help="daemon port (default: a free one)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo}[args.command]
+    return int(handler(args) or 0)

@@ -1,0 +1,90 @@
+"""The remote store: any fsspec URL of Parquet files, read one row group at a time."""
+
+from __future__ import annotations
+
+import glob as _glob
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+OPEN_BLOCK_SIZE = 1 << 20  # s3fs defaults to 50 MiB: a footer read would fetch far too much
+
+
+class RemoteError(Exception):
+    """The remote cannot be listed or opened (bad URL, unreachable, no Parquet files)."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str
+    size: int
+    row_groups: tuple[int, ...]  # rows per row group
+
+
+class RemoteStore(Protocol):
+    url: str
+
+    def list_files(self) -> list[str]: ...
+    def file_info(self, path: str) -> tuple[FileInfo, pa.Schema]: ...
+    def read_row_group(self, path: str, row_group: int, columns: Sequence[str] | None) -> pa.Table: ...
+
+
+class FsspecRemote:
+    """A prefix, directory or glob of Parquet files behind an fsspec URL."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = url
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        except (ValueError, ImportError, TypeError) as e:
+            raise RemoteError(f"cannot use source {url!r}: {e}") from e
+
+    def list_files(self) -> list[str]:
+        try:
+            if _glob.has_magic(self.root):
+                found = self.fs.glob(self.root)
+            elif self.fs.isdir(self.root):
+                found = self.fs.find(self.root)
+            elif self.fs.exists(self.root):
+                found = [self.root]
+            else:
+                raise RemoteError(f"source {self.url!r} does not exist")
+        except RemoteError:
+            raise
+        except Exception as e:  # network, credentials, permissions: all surface the same way
+            raise RemoteError(f"cannot list source {self.url!r}: {type(e).__name__}: {e}") from e
+        files = sorted(p for p in found if p.lower().endswith(PARQUET_SUFFIXES))
+        if not files:
+            raise RemoteError(f"no Parquet files (*.parquet, *.parq, *.pq) under source {self.url!r}")
+        return files
+
+    def file_info(self, path: str) -> tuple[FileInfo, pa.Schema]:
+        with self.fs.open(path, "rb", block_size=OPEN_BLOCK_SIZE) as f:
+            pf = pq.ParquetFile(f)
+            md = pf.metadata
+            rows = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
+            return FileInfo(path=path, size=int(getattr(f, "size", 0) or 0), row_groups=rows), pf.schema_arrow
+
+    def read_row_group(self, path: str, row_group: int, columns: Sequence[str] | None) -> pa.Table:
+        with self.fs.open(path, "rb", block_size=OPEN_BLOCK_SIZE) as f:
+            return pq.ParquetFile(f).read_row_group(row_group, columns=list(columns) if columns else None)
+
+
+def classify_error(exc: BaseException) -> str:
+    """'unreachable' (retry, never blame the file), 'transient' (retry, then quarantine) or 'corrupt'."""
+    name = type(exc).__name__
+    text = str(exc)
+    if isinstance(exc, (ConnectionError, TimeoutError)) or any(
+            w in name for w in ("Connect", "Timeout", "EndpointConnection")):
+        return "unreachable"
+    if isinstance(exc, (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, EOFError)):
+        return "corrupt"
+    if isinstance(exc, OSError):
+        if any(w in text for w in ("thrift", "magic", "Parquet", "parquet", "Unexpected end")):
+            return "corrupt"
+        return "transient"
+    return "corrupt"

@@ -1,0 +1,75 @@
+"""The one settings object: flags and SAMPLECACHE_* environment, validated once at start."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import ByteSize, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+POLICIES = ("fifo", "random", "lru")
+
+
+def default_samplers() -> int:
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+class Settings(BaseSettings):
+    """Every setting of the daemon. Each is a ``serve`` flag and a ``SAMPLECACHE_<NAME>`` variable."""
+
+    model_config = SettingsConfigDict(env_prefix="SAMPLECACHE_", extra="forbid", validate_default=True)
+
+    source: str = Field("", description="fsspec URL of a prefix, directory or glob of Parquet files (s3://, gs://, file://, ...)")
+    cache_dir: Path = Field(Path("./samplecache-data"), description="Directory of the LMDB cache and the staging files")
+    max_bytes: ByteSize = Field(ByteSize(10 * 2**30), description="Budget of resident sample bytes (e.g. 500GB, 2GiB)")
+    min_free_disk: ByteSize = Field(ByteSize(2**30), description="Stop growing when the cache filesystem has less free space than this")
+    samplers: int = Field(default_factory=default_samplers, ge=1, le=256, description="Sampler subprocesses (default: cores - 1)")
+    host: str = Field("127.0.0.1", description="Address to listen on (loopback by default)")
+    port: int = Field(8750, ge=0, le=65535, description="HTTP port")
+    token: str | None = Field(None, description="Bearer token required by endpoints that change state (unset: no token)")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="JSON object passed to fsspec (endpoint, credentials, ...)")
+    columns: list[str] | None = Field(None, description="Sample only these columns (comma-separated; default: all supported)")
+    seed: int = Field(0, description="Seed of the remote sampling order and of every epoch's shuffle")
+    block_bytes: ByteSize = Field(ByteSize(2**20), description="Target size of one stored block of rows")
+    epoch_wait_max: float = Field(600.0, gt=0, description="Longest wait (s) a manifest request may ask for with min_samples")
+    retry_seconds: float = Field(5.0, gt=0, description="Back-off (s) after the remote is unreachable")
+    log_level: str = Field("info", description="Log level: debug, info, warning, error")
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _split_columns(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [c.strip() for c in v.split(",") if c.strip()] or None
+        return v
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        if v.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError("must be one of debug, info, warning, error")
+        return v.lower()
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        if self.block_bytes < 4096:
+            raise ValueError("block_bytes must be at least 4KiB")
+        return self
+
+    @property
+    def lmdb_path(self) -> Path:
+        return self.cache_dir.resolve() / "lmdb"
+
+    @property
+    def staging_dir(self) -> Path:
+        return self.cache_dir.resolve() / "staging"
+
+    def public(self) -> dict[str, Any]:
+        """Settings as shown over HTTP: secrets left out."""
+        d = self.model_dump(mode="json")
+        d["token"] = "set" if self.token else None
+        d["storage_options"] = sorted(self.storage_options)
+        return d

@@ -1,0 +1,189 @@
+"""The one LMDB writer. Every write transaction of the daemon runs here, on one thread.
+
+Callers submit operations and get a ``concurrent.futures.Future``; the event loop
+awaits them with ``asyncio.wrap_future`` and never blocks on LMDB.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable
+
+import lmdb
+
+from samplecache.record import record_key
+from samplecache.service.catalog import DBS, Catalog, Shard, u64
+from samplecache.service.staging import StagingError, read_staged
+
+log = logging.getLogger("samplecache.writer")
+
+MAX_READERS = 4096
+
+
+def open_env(path: Path, map_size: int) -> tuple[lmdb.Environment, dict[bytes, Any]]:
+    """Open (or create) the cache environment and its named databases."""
+    path.mkdir(parents=True, exist_ok=True)
+    env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DBS) + 2, max_readers=MAX_READERS,
+                    subdir=True, meminit=False, readahead=False)
+    env.reader_check()  # clear slots of readers that died
+    dbs = {name: env.open_db(name) for name in DBS}
+    return env, dbs
+
+
+class Writer:
+    """Owns the write side of the environment."""
+
+    def __init__(self, env: lmdb.Environment, dbs: dict[bytes, Any], catalog: Catalog) -> None:
+        self.env = env
+        self.dbs = dbs
+        self.catalog = catalog
+        self._q: "queue.Queue[tuple[Callable[[lmdb.Transaction], Any], Callable[[Any], None] | None, Future[Any]] | None]" = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="samplecache-writer", daemon=True)
+        self.commits = 0
+        self._thread.start()
+
+    # -- the thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            op, after, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                with self.env.begin(write=True) as txn:
+                    result = op(txn)
+                self.commits += 1
+                if after is not None:
+                    after(result)
+                fut.set_result(result)
+            except BaseException as e:  # reported to the caller; the writer keeps going
+                fut.set_exception(e)
+
+    def submit(self, op: Callable[[lmdb.Transaction], Any], after: Callable[[Any], None] | None = None) -> "Future[Any]":
+        """Run ``op(txn)`` in one write transaction; ``after(result)`` runs once it has committed."""
+        fut: Future[Any] = Future()
+        self._q.put((op, after, fut))
+        return fut
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._q.put(None)
+        self._thread.join(timeout)
+
+    # -- operations ---------------------------------------------------------------------------
+    def ingest(self, staged_path: Path, cursor: Callable[[int, int], dict[str, Any]] | None = None) -> "Future[Shard | None]":
+        """Ingest one staging file as a new shard (atomically), then delete the file.
+
+        ``cursor(cycle, unit)`` gives the sampling cursor to store in the same
+        transaction. Returns None when the shard was already ingested.
+        """
+        def op(txn: lmdb.Transaction) -> Shard | None:
+            try:
+                staged = read_staged(staged_path)
+            except StagingError as e:
+                log.warning("dropping unreadable staging file %s: %s", staged_path.name, e)
+                staged_path.unlink(missing_ok=True)
+                return None
+            try:
+                h = staged.header
+                if self.catalog.has_key(h["key"]):
+                    return None
+                sid = int(self.catalog.meta("next_shard", 1))
+                records = self.dbs[b"records"]
+                for b, block in enumerate(staged.blocks):
+                    txn.put(record_key(sid, b), block, db=records, append=True)
+                shard = Shard(id=sid, key=h["key"], path=h["path"], row_group=h["row_group"], unit=h["unit"],
+                              cycle=h["cycle"], rows=h["rows"], bytes=sum(len(b) for b in staged.blocks),
+                              rows_per_block=h["rows_per_block"], blocks=len(staged.blocks), created=time.time())
+                txn.put(u64(sid), shard.to_json(), db=self.dbs[b"shards"])
+                txn.put(b"next_shard", json.dumps(sid + 1).encode(), db=self.dbs[b"meta"])
+                if cursor is not None:
+                    txn.put(b"cursor", json.dumps(cursor(h["cycle"], h["unit"])).encode(), db=self.dbs[b"meta"])
+                return shard
+            finally:
+                staged.close()
+
+        def after(shard: Shard | None) -> None:
+            if shard is not None:
+                self.catalog.added_shard(shard)
+                self.catalog.set_meta("next_shard", shard.id + 1)
+            staged_path.unlink(missing_ok=True)
+
+        return self.submit(op, after)
+
+    def put_meta(self, items: dict[str, Any]) -> "Future[None]":
+        def op(txn: lmdb.Transaction) -> None:
+            for k, v in items.items():
+                txn.put(k.encode(), json.dumps(v).encode(), db=self.dbs[b"meta"])
+
+        def after(_: None) -> None:
+            for k, v in items.items():
+                self.catalog.set_meta(k, v)
+
+        return self.submit(op, after)
+
+    def put_files(self, files: dict[str, dict[str, Any]]) -> "Future[None]":
+        def op(txn: lmdb.Transaction) -> None:
+            for path, info in files.items():
+                txn.put(path.encode(), json.dumps(info).encode(), db=self.dbs[b"files"])
+
+        def after(_: None) -> None:
+            for path, info in files.items():
+                self.catalog.set_file(path, info)
+
+        return self.submit(op, after)
+
+    def seal(self, epoch: int, build: Callable[[], dict[str, Any]]) -> "Future[bytes]":
+        """Seal ``epoch`` with the manifest ``build()`` makes on the writer thread (so no ingest interleaves)."""
+        summaries: dict[str, Any] = {}
+
+        def op(txn: lmdb.Transaction) -> bytes:
+            existing = txn.get(u64(epoch), db=self.dbs[b"epochs"])
+            if existing is not None:
+                return bytes(existing)
+            manifest = build()
+            raw = json.dumps(manifest, separators=(",", ":")).encode()
+            txn.put(u64(epoch), raw, db=self.dbs[b"epochs"])
+            summaries.update(self.catalog.meta("epoch_summaries", {}) or {})
+            summaries[str(epoch)] = {k: manifest[k] for k in ("samples", "new_samples", "bytes", "sealed_at")}
+            summaries[str(epoch)]["shards"] = len(manifest["shards"])
+            txn.put(b"epoch_summaries", json.dumps(summaries).encode(), db=self.dbs[b"meta"])
+            return raw
+
+        def after(raw: bytes) -> None:
+            self.catalog.sealed(epoch, raw)
+            if summaries:
+                self.catalog.set_meta("epoch_summaries", summaries)
+
+        return self.submit(op, after)
+
+    def delete_shards(self, shard_ids: list[int]) -> "Future[int]":
+        """Remove shards and all their records in one transaction; returns bytes freed."""
+        def op(txn: lmdb.Transaction) -> int:
+            freed = 0
+            records = self.dbs[b"records"]
+            for sid in shard_ids:
+                s = self.catalog.shard(sid)
+                if s is None:
+                    continue
+                cur = txn.cursor(db=records)
+                if cur.set_range(record_key(sid, 0)):
+                    while cur.key()[:8] == u64(sid):
+                        if not cur.delete():
+                            break
+                txn.delete(u64(sid), db=self.dbs[b"shards"])
+                freed += s.bytes
+            return freed
+
+        def after(_: int) -> None:
+            for sid in shard_ids:
+                self.catalog.removed_shard(sid)
+
+        return self.submit(op, after)
