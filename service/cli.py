@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import signal
 import sys
 import urllib.error
 import urllib.request
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from pydantic import ValidationError
 
@@ -49,6 +51,22 @@ def _explain(e: ValidationError) -> str:
     return "invalid settings:\n" + "\n".join(lines)
 
 
+def _server(config: Any) -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGTERM after a graceful shutdown (the process then dies of it);
+        a daemon should stop its work and exit 0 instead."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, self.handle_exit)
+            yield
+
+    return Server(config)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -75,7 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=5, access_log=settings.log_level == "debug")
     try:
-        uvicorn.Server(config).run()
+        _server(config).run()
     finally:
         daemon.stop()
     return 0

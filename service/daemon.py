@@ -104,6 +104,9 @@ class Daemon:
         self._threads.append(t)
 
     def stop(self) -> None:
+        """Stop sampling, finish queued ingests, close LMDB. Safe to call twice."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)

@@ -30,7 +30,7 @@ def open_env(path: Path, map_size: int) -> tuple[lmdb.Environment, dict[bytes, A
     """Open (or create) the cache environment and its named databases."""
     path.mkdir(parents=True, exist_ok=True)
     env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DBS) + 2, max_readers=MAX_READERS,
-                    subdir=True, meminit=False, readahead=False)
+                    subdir=True, meminit=False, readahead=False, mode=0o660)
     env.reader_check()  # clear slots of readers that died
     dbs = {name: env.open_db(name) for name in DBS}
     return env, dbs

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates .venv and installs samplecache with the given extras (default: test).
+# The pinned CPU torch goes in first, so that nothing pulls a CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-test}"
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e ".[${extras}]"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test suite, from a fresh clone: installs what it needs, then runs pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  # the unit-file tests use systemd-analyze (Debian package systemd)
+  (apt-get update -qq && apt-get install -y -qq systemd >/dev/null) || echo "warning: could not install systemd" >&2
+fi
+bash scripts/setup.sh test
+exec .venv/bin/python -m pytest -q "$@"
