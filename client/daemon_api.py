@@ -34,7 +34,8 @@ def request_json(url: str, method: str = "GET", token: str | None = None, body: 
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return json.loads(resp.read())
+                raw = resp.read()
+                return json.loads(raw) if raw else None
         except urllib.error.HTTPError as e:
             detail = _detail(e.read())
             if e.code != 503:

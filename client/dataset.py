@@ -10,6 +10,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from samplecache.daemon_api import fetch_manifest
 from samplecache.epoch_clock import EpochClock
+from samplecache.lease import LeaseKeeper
 from samplecache.partition import PARTIAL, Span, part_range, rank_range, row_order, shard_order, spans_for
 from samplecache.reader import ShardReader
 from samplecache.record import Schema
@@ -55,7 +56,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     def __init__(self, url: str = "http://127.0.0.1:8750", columns: Sequence[str] | None = None,
                  transform: Callable[[dict[str, Any]], Any] | None = None, shuffle: bool = True, seed: int = 0,
                  *, partial: str = "pad", min_samples: int = 1, wait: float = 60.0,
-                 token: str | None = None, retries: int = 5) -> None:
+                 token: str | None = None, retries: int = 5, lease: bool = True) -> None:
         super().__init__()
         if partial not in PARTIAL:
             raise ValueError(f"partial must be one of {PARTIAL}, not {partial!r}")
@@ -69,6 +70,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self.wait = float(wait)
         self.token = token
         self.retries = retries
+        self.lease = lease
         self._clock = EpochClock(0)
         self._iterations = 0
         self._plans: dict[int, EpochPlan] = {}
@@ -110,15 +112,21 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         rank, world = dist_rank_world()
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        for span in self.spans(plan, rank, world, worker, workers):
-            sid = int(plan.ids[span.index])
-            order = row_order(sid, int(plan.rows[span.index]), self.seed, epoch, self.shuffle)
-            rows = plan.reader.rows(sid, int(plan.rows_per_block[span.index]), order[span.start:span.stop], plan.cols)
-            if self.transform is None:
-                yield from rows
-            else:
-                for sample in rows:
-                    yield self.transform(sample)
+        keeper = LeaseKeeper(self.url, epoch, self.token, holder=f"rank {rank} worker {worker}") if self.lease else None
+        try:
+            for span in self.spans(plan, rank, world, worker, workers):
+                sid = int(plan.ids[span.index])
+                order = row_order(sid, int(plan.rows[span.index]), self.seed, epoch, self.shuffle)
+                rows = plan.reader.rows(sid, int(plan.rows_per_block[span.index]), order[span.start:span.stop],
+                                        plan.cols)
+                if self.transform is None:
+                    yield from rows
+                else:
+                    for sample in rows:
+                        yield self.transform(sample)
+        finally:
+            if keeper is not None:
+                keeper.release()
 
 
 __all__ = ["SampleCacheDataset", "EpochPlan", "dist_rank_world"]

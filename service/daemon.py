@@ -1,4 +1,4 @@
-"""The daemon: wires remote discovery, the planner, the sampler pool and the writer."""
+"""The daemon: wires discovery, the planner, the sampler pool, the writer, epochs and leases."""
 
 from __future__ import annotations
 
@@ -7,37 +7,42 @@ import logging
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
-from samplecache.record import FORMAT_VERSION, Schema
+from samplecache.record import FORMAT_VERSION
 from samplecache.service.catalog import Catalog
-from samplecache.service.encoder import UnsupportedColumn, column_for, infer_schema
+from samplecache.service.discovery import Discovery, quarantined
 from samplecache.service.epochs import EpochManager
+from samplecache.service.eviction import POLICIES, EvictionPlan, plan_eviction
+from samplecache.service.leases import LeaseTable
 from samplecache.service.planner import Pick, Planner, build_units
-from samplecache.service.remote import FsspecRemote, RemoteError, classify_error
+from samplecache.service.remote import FsspecRemote, RemoteError
 from samplecache.service.sampler import SampleResult, SampleTask
 from samplecache.service.settings import Settings
 from samplecache.service.staging import leftovers
 from samplecache.service.supervisor import Supervisor
-from samplecache.service.writer import Writer, open_env
+from samplecache.service.writer import NoRoom, Writer, open_env
 
 log = logging.getLogger("samplecache.daemon")
 
 MAX_ATTEMPTS = 3
-FOOTER_THREADS = 8
 
 
 class StartupError(Exception):
     """The daemon cannot start; the message says which setting to change."""
 
 
+class ConfigError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
 def map_size_for(max_bytes: int) -> int:
-    """LMDB map size from the budget: room for the budget, one more shard's worth, and free pages."""
-    return int(max_bytes) * 2 + (1 << 30)
+    """LMDB map size from the budget: the budget, room for freed pages still held by old readers, and
+    for raising the budget at runtime (up to twice). Only address space: the file grows as pages are used."""
+    return int(max_bytes) * 4 + (1 << 30)
 
 
 class Daemon:
@@ -49,28 +54,41 @@ class Daemon:
             settings.staging_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StartupError(f"cache_dir {settings.cache_dir}: {e}") from e
-        self.map_size = map_size_for(settings.max_bytes)
+        self.max_bytes = int(settings.max_bytes)
+        self.min_free_disk = int(settings.min_free_disk)
+        self.policy = settings.eviction_policy
+        self.map_size = map_size_for(self.max_bytes)
         self.env, self.dbs = open_env(settings.lmdb_path, self.map_size)
         self.catalog = Catalog(self.env, self.dbs)
         self.writer = Writer(self.env, self.dbs, self.catalog)
         self._check_cache_identity()
-        self.epochs = EpochManager(self.catalog, self.writer, self._manifest_fields, settings.epoch_wait_max)
+        self.leases = LeaseTable(settings.lease_ttl)
+        self.leases.load(self.catalog.meta("leases", []) or [])
+        self.epochs = EpochManager(self.catalog, self.writer, self.leases, self._manifest_fields,
+                                   settings.epoch_wait_max)
+        self.epochs.max_samples = settings.epoch_max_samples
         self.remote = FsspecRemote(settings.source, settings.storage_options) if settings.source else None
+        self.discovery = Discovery(self.remote, self.catalog, self.writer, settings.columns) if self.remote else None
         self.planner: Planner | None = None
         self.supervisor = Supervisor(settings.samplers, self._on_result)
-        self.schema: Schema | None = Schema.from_json(self.catalog.meta("schema")) if self.catalog.meta("schema") else None
-        self.skipped_columns: dict[str, str] = self.catalog.meta("skipped_columns", {}) or {}
         self.paused_reason: str | None = None
         self.user_paused = False
+        self.complete = False  # every remote unit is resident: nothing new to sample
         self.last_error: str | None = None
         self.remote_errors = 0
+        self.evicted_shards = 0
+        self._skips = 0
         self._attempts: dict[str, int] = collections.defaultdict(int)
         self._backoff_until = 0.0
+        self._next_discovery = 0.0
+        self._held: collections.deque[SampleResult] = collections.deque()  # staged, waiting for room
         self._ingests: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=4096)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._skips = 0
-        self.complete = False  # every remote unit is resident: nothing new to sample
+
+    @property
+    def schema(self) -> Any:
+        return self.discovery.schema if self.discovery else None
 
     # -- start / stop ------------------------------------------------------------------------
     def _check_cache_identity(self) -> None:
@@ -89,12 +107,15 @@ class Daemon:
         """Fail fast at start when a fresh cache's source is unusable (raises StartupError)."""
         if self.remote is None:
             raise StartupError("source is not set: pass --source URL or SAMPLECACHE_SOURCE")
-        if self.catalog.files():
-            return  # known files: start from the cache and retry the remote in the background
-        try:
-            self.remote.list_files()
-        except RemoteError as e:
-            raise StartupError(str(e)) from e
+        if not self.catalog.files():
+            self._discover()
+            if self.planner is None:
+                raise StartupError(self.last_error or f"cannot read source {self.settings.source!r}")
+        largest = self.largest_unit_bytes()
+        if largest > self.max_bytes:
+            raise StartupError(f"max_bytes {self.max_bytes} is smaller than one row group of the source "
+                               f"(about {largest} bytes uncompressed): --max-bytes / SAMPLECACHE_MAX_BYTES of at "
+                               f"least {largest} fits")
 
     def start(self) -> None:
         self._recover_staging()
@@ -110,100 +131,127 @@ class Daemon:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
-        self.supervisor.stop(timeout=3)
+        self.supervisor.stop(timeout=3)  # staged-but-not-ingested files stay for the next start
         self.writer.close()
         self.env.close()
 
     def _recover_staging(self) -> None:
         n = 0
         for path in leftovers(self.settings.staging_dir):
-            self.writer.ingest(path).result()
-            n += 1
+            try:
+                self.writer.ingest(path, make_room=self.make_room).result()
+                n += 1
+            except NoRoom:
+                path.unlink(missing_ok=True)  # its unit is not marked done: it will be sampled again
         if n:
             log.info("recovered %d staging file(s) from the previous run", n)
 
-    # -- discovery -------------------------------------------------------------------------------
-    def _discover(self) -> None:
-        assert self.remote is not None
-        paths = self.remote.list_files()
-        known = self.catalog.files()
-        new = [p for p in paths if p not in known]
-        found: dict[str, dict[str, Any]] = {}
+    # -- budget ------------------------------------------------------------------------------
+    def make_room(self, incoming: int) -> EvictionPlan:
+        """Which shards to evict so ``incoming`` more bytes fit (runs on the writer thread)."""
+        return plan_eviction(self.catalog.shards(), self.epochs.pinned_shards(), self.max_bytes, incoming,
+                             self.policy, self.settings.seed)
 
-        def one(path: str) -> tuple[str, dict[str, Any], pa.Schema | None]:
-            try:
-                info, schema = self.remote.file_info(path)  # type: ignore[union-attr]
-                return path, {"row_groups": list(info.row_groups), "size": info.size}, schema
-            except Exception as e:
-                if classify_error(e) == "unreachable":
-                    raise
-                return path, {"row_groups": [], "quarantined": True,
-                              "reason": f"unreadable footer: {type(e).__name__}: {e}", "at": time.time()}, None
+    def configure(self, max_bytes: int | None = None, policy: str | None = None,
+                  min_free_disk: int | None = None, epoch_max_samples: int | None = None) -> None:
+        """Change settings at runtime (validated; raises ConfigError with what fits)."""
+        if policy is not None and policy not in POLICIES:
+            raise ConfigError(422, f"unknown eviction policy {policy!r}; choose one of {sorted(POLICIES)}")
+        if max_bytes is not None:
+            largest = max((s.bytes for s in self.catalog.shards()), default=0)
+            pinned = self.epochs.pinned_shards()
+            pinned_bytes = sum(s.bytes for s in self.catalog.shards() if s.id in pinned)
+            ceiling = (self.map_size - (1 << 30)) // 2
+            if max_bytes <= 0:
+                raise ConfigError(422, "max_bytes must be positive")
+            if max_bytes < largest:
+                raise ConfigError(409, f"max_bytes {max_bytes} is smaller than one shard ({largest} bytes): "
+                                       f"at least {largest} fits")
+            if max_bytes < pinned_bytes:
+                raise ConfigError(409, f"max_bytes {max_bytes} is less than the {pinned_bytes} bytes pinned by "
+                                       f"live leases on epochs {sorted(self.epochs.pinned_epochs())}: at least "
+                                       f"{pinned_bytes} fits now")
+            if max_bytes > ceiling:
+                raise ConfigError(409, f"max_bytes {max_bytes} is beyond what this run's LMDB map allows "
+                                       f"({ceiling}); restart the daemon with --max-bytes {max_bytes}")
+        if max_bytes is not None:
+            self.max_bytes = max_bytes
+        if policy is not None:
+            self.policy = policy
+        if min_free_disk is not None:
+            self.min_free_disk = min_free_disk
+        if epoch_max_samples is not None:
+            self.epochs.max_samples = epoch_max_samples
+        if max_bytes is not None or policy is not None:
+            self.writer.evict(self.make_room).add_done_callback(self._evicted)
+            self.complete = False
 
-        with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-            for path, info, schema in pool.map(one, new):
-                if schema is not None:
-                    info = self._check_schema(path, info, schema)
-                found[path] = info
-        if found:
-            self.writer.put_files(found).result()
-        files = self.catalog.files()
-        if self.schema is None:
-            raise RemoteError(f"no readable Parquet file under source {self.settings.source!r}")
-        units = build_units(files)
-        self.planner = Planner(units, seed=self.settings.seed, cursor=self.catalog.meta("cursor"))
-        log.info("source %s: %d files, %d row groups", self.settings.source, len(files), len(units))
+    def _evicted(self, fut: Any) -> None:
+        if fut.exception() is None:
+            ids = fut.result()
+            self.evicted_shards += len(ids)
 
-    def _check_schema(self, path: str, info: dict[str, Any], arrow_schema: pa.Schema) -> dict[str, Any]:
-        try:
-            if self.schema is None:
-                schema, skipped = infer_schema(arrow_schema, self.settings.columns)
-                self.writer.put_meta({"schema": schema.to_json(), "skipped_columns": skipped,
-                                      "arrow_schema": str(arrow_schema)}).result()
-                self.schema, self.skipped_columns = schema, skipped
-                return info
-            for col in self.schema.columns:
-                if col.name not in arrow_schema.names:
-                    raise UnsupportedColumn(f"column {col.name!r} is missing")
-                got = column_for(arrow_schema.field(col.name))
-                if (got.kind, got.dtype, got.shape) != (col.kind, col.dtype, col.shape):
-                    raise UnsupportedColumn(f"column {col.name!r} is {got.kind} {got.dtype} {got.shape}, "
-                                            f"expected {col.kind} {col.dtype} {col.shape}")
-            return info
-        except UnsupportedColumn as e:
-            return {"row_groups": [], "quarantined": True, "reason": f"schema mismatch: {e}", "at": time.time()}
+    def largest_unit_bytes(self) -> int:
+        """The footer's estimate of the largest row group (uncompressed), for budget checks at start."""
+        return max((b for i in self.catalog.files().values() if not i.get("quarantined")
+                    for b in i.get("row_group_bytes", [])), default=0)
 
     # -- the scheduling loop -------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            if self.planner is None:
-                try:
-                    self._discover()
-                    self.last_error = None
-                except Exception as e:  # remote down or bad: report, retry
-                    self.last_error = f"{type(e).__name__}: {e}" if not isinstance(e, RemoteError) else str(e)
-                    self.remote_errors += 1
-                    log.warning("remote: %s (retrying in %.0fs)", self.last_error, self.settings.retry_seconds)
-                    self._stop.wait(self.settings.retry_seconds)
-                    continue
-            self._fill()
+            if time.monotonic() >= self._next_discovery:
+                self._discover()
+            if self.planner is not None:
+                self._expire_leases()
+                self._retry_held()
+                self._fill()
             self._stop.wait(0.05)
+
+    def _discover(self) -> None:
+        assert self.discovery is not None
+        try:
+            new = self.discovery.run()
+            self.last_error = None if self.planner is not None or self.schema else self.last_error
+            files = self.catalog.files()
+            if self.planner is None:
+                units = build_units(files)
+                self.planner = Planner(units, seed=self.settings.seed, node_rank=self.settings.node_rank,
+                                       num_nodes=self.settings.num_nodes, cursor=self.catalog.meta("cursor"))
+                log.info("source %s: %d files, %d row groups (%d on this node)", self.settings.source,
+                         len(files), len(units), len(self.planner))
+                self.last_error = None
+            elif new:
+                added = [u for u in build_units({p: files[p] for p in new})]
+                self.planner.add_units(added)
+                self.complete = False
+            self._next_discovery = time.monotonic() + self.settings.discover_interval
+        except Exception as e:  # remote down or bad: report, retry
+            self.last_error = str(e) if isinstance(e, RemoteError) else f"{type(e).__name__}: {e}"
+            self.remote_errors += 1
+            log.warning("remote: %s (retrying in %.0fs)", self.last_error, self.settings.retry_seconds)
+            self._next_discovery = time.monotonic() + self.settings.retry_seconds
+
+    def _expire_leases(self) -> None:
+        if self.leases.expire():
+            self.writer.put_meta({"leases": self.leases.saved()})
 
     def _why_not_sample(self) -> str | None:
         assert self.planner is not None
         if self.complete and self.catalog.resident_units() < len(self.planner):
             self.complete, self._skips = False, 0
-        if self.complete:
-            return "the whole remote dataset is cached"
         if self.user_paused:
             return "paused by request"
+        if self._held:
+            pinned = sorted(self.epochs.pinned_epochs())
+            return (f"budget full: every evictable shard is pinned by leases on epochs {pinned}; "
+                    f"{len(self._held)} shard(s) wait for a lease to end")
+        if self.complete:
+            return "the whole remote dataset is cached"
         if time.monotonic() < self._backoff_until:
             return "remote unreachable: backing off"
-        if self.catalog.resident_bytes >= self.settings.max_bytes:
-            return "budget full"
         free = shutil.disk_usage(self.settings.cache_dir).free
-        if free < self.settings.min_free_disk:
-            return f"disk almost full: {free} bytes free < min_free_disk {int(self.settings.min_free_disk)}"
+        if free < self.min_free_disk:
+            return f"disk almost full: {free} bytes free < min_free_disk {self.min_free_disk}"
         return None
 
     def _fill(self) -> None:
@@ -220,7 +268,7 @@ class Daemon:
                 self._finish(pick)
                 continue
             if self.catalog.unit_resident(pick.unit.path, pick.unit.row_group):
-                # already cached (a later pass): sampling it again would only duplicate samples
+                # still cached from an earlier pass: sampling it again would only duplicate samples
                 self.planner.done(pick.cycle, pick.position)
                 self._skips += 1
                 if self._skips >= len(self.planner):
@@ -243,13 +291,11 @@ class Daemon:
 
     # -- results -----------------------------------------------------------------------------------
     def _on_result(self, r: SampleResult) -> None:
+        if r.ok and r.staged:
+            self._ingest(r)
+            return
         t = r.task
         pick = Pick(t.cycle, t.unit, None)  # type: ignore[arg-type]
-        if r.ok and r.staged:
-            assert self.planner is not None
-            fut = self.writer.ingest(Path(r.staged), cursor=self.planner.cursor_after)
-            fut.add_done_callback(lambda f: self._ingested(f, r))
-            return
         self.remote_errors += 1
         self.last_error = f"{t.path} row group {t.row_group}: {r.error}"
         log.warning("sampling failed (%s): %s", r.error_kind, self.last_error)
@@ -265,25 +311,39 @@ class Daemon:
         else:
             self.planner.retry(pick)
 
+    def _ingest(self, r: SampleResult) -> None:
+        assert self.planner is not None and r.staged is not None
+        fut = self.writer.ingest(Path(r.staged), cursor=self.planner.cursor_after, make_room=self.make_room)
+        fut.add_done_callback(lambda f: self._ingested(f, r))
+
+    def _retry_held(self) -> None:
+        for _ in range(len(self._held)):
+            self._ingest(self._held.popleft())
+
     def _ingested(self, fut: Any, r: SampleResult) -> None:
+        assert self.planner is not None
         exc = fut.exception()
+        if isinstance(exc, NoRoom):
+            self._held.append(r)  # backpressure: wait for a lease to end; the budget is never exceeded
+            return
         if exc is not None:
             self.last_error = f"ingest failed: {type(exc).__name__}: {exc}"
             log.error("%s", self.last_error)
-            assert self.planner is not None
             self.planner.retry(Pick(r.task.cycle, r.task.unit, None))  # type: ignore[arg-type]
             return
-        assert self.planner is not None
         self.planner.done(r.task.cycle, r.task.unit)
-        shard = fut.result()
-        if shard is not None:
-            self._ingests.append((time.time(), shard.rows, shard.bytes))
+        done = fut.result()
+        self.evicted_shards += len(done.evicted)
+        if done.shard is not None:
+            self._ingests.append((time.time(), done.shard.rows, done.shard.bytes))
 
     def quarantine(self, path: str, reason: str) -> None:
-        info = dict(self.catalog.files().get(path, {}))
-        info.update(quarantined=True, reason=reason, at=time.time())
-        self.writer.put_files({path: info})
+        self.writer.put_files({path: quarantined(reason, self.catalog.files().get(path))})
         log.warning("quarantined %s: %s", path, reason)
+
+    # -- leases ----------------------------------------------------------------------------------------
+    def persist_leases(self) -> None:
+        self.writer.put_meta({"leases": self.leases.saved()}).result()
 
     # -- reporting -----------------------------------------------------------------------------------
     def _manifest_fields(self) -> dict[str, Any]:
@@ -302,3 +362,10 @@ class Daemon:
         if self.planner is None:
             return "discovering" if self.last_error is None else "remote error"
         return "paused" if self.paused_reason else "sampling"
+
+    def lmdb_usage(self) -> dict[str, int]:
+        """What the LMDB file really takes: its size on disk and the pages in use (freed pages are reused)."""
+        info, stat = self.env.info(), self.env.stat()
+        data = self.settings.lmdb_path / "data.mdb"
+        return {"file_bytes": data.stat().st_size if data.exists() else 0,
+                "used_bytes": (info["last_pgno"] + 1) * stat["psize"], "map_size": info["map_size"]}

@@ -1,4 +1,9 @@
-"""Epochs: seal epoch N's manifest on first request; every later caller gets the same bytes."""
+"""Epochs: seal epoch N's manifest on first request; every later caller gets the same bytes.
+
+Also the pins: every shard named by an epoch with a live lease, or by the latest
+epoch while it is younger than the lease TTL (the gap between a reader fetching
+a manifest and taking its lease), must not be evicted.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,11 @@ import json
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from samplecache.record import FORMAT_VERSION
 from samplecache.service.catalog import Catalog, Shard
+from samplecache.service.leases import LeaseTable
 from samplecache.service.writer import Writer
 
 
@@ -20,9 +28,24 @@ class EpochError(Exception):
         self.retry_after = retry_after
 
 
+def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) -> list[Shard]:
+    """Every resident shard, or with a cap a seeded random subset (at least one shard), in id order."""
+    if max_samples <= 0 or sum(s.rows for s in shards) <= max_samples:
+        return shards
+    order = np.random.default_rng([seed, epoch, 7]).permutation(len(shards))
+    picked, rows = [], 0
+    for i in order:
+        s = shards[int(i)]
+        if picked and rows + s.rows > max_samples:
+            continue
+        picked.append(s)
+        rows += s.rows
+    return sorted(picked, key=lambda s: s.id)
+
+
 def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb_path: str,
-                   map_size: int, seed: int, source: str, previous: int) -> dict[str, Any]:
-    """The manifest of ``epoch``: every resident shard, in id (= age) order."""
+                   map_size: int, seed: int, source: str, previous: set[int]) -> dict[str, Any]:
+    """The manifest of ``epoch``: shards in id (= age) order."""
     rows = sum(s.rows for s in shards)
     return {
         "epoch": epoch,
@@ -35,26 +58,52 @@ def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb
         "sealed_at": time.time(),
         "samples": rows,
         "bytes": sum(s.bytes for s in shards),
-        "new_samples": rows - previous,
+        "new_samples": sum(s.rows for s in shards if s.id not in previous),
         # [shard id, rows, bytes, rows per block]
         "shards": [[s.id, s.rows, s.bytes, s.rows_per_block] for s in shards],
     }
 
 
 class EpochManager:
-    def __init__(self, catalog: Catalog, writer: Writer, manifest_fields: Callable[[], dict[str, Any]],
-                 wait_max: float) -> None:
+    def __init__(self, catalog: Catalog, writer: Writer, leases: LeaseTable,
+                 manifest_fields: Callable[[], dict[str, Any]], wait_max: float) -> None:
         self.catalog = catalog
         self.writer = writer
+        self.leases = leases
         self.manifest_fields = manifest_fields
         self.wait_max = wait_max
+        self.max_samples = 0
         self._lock = asyncio.Lock()
+        self._ids: dict[int, frozenset[int]] = {}
 
     def last_sealed(self) -> int:
         eps = self.catalog.epochs()
         return eps[-1] if eps else -1
 
-    async def manifest(self, epoch: int, min_samples: int = 1, timeout: float = 30.0) -> bytes:
+    def shard_ids(self, epoch: int) -> frozenset[int]:
+        got = self._ids.get(epoch)
+        if got is None:
+            raw = self.catalog.manifest_bytes(epoch)
+            got = frozenset(int(e[0]) for e in json.loads(raw)["shards"]) if raw else frozenset()
+            self._ids[epoch] = got
+        return got
+
+    def pinned_epochs(self) -> set[int]:
+        pinned = {e for e in self.leases.epochs() if e in set(self.catalog.epochs())}
+        last = self.last_sealed()
+        sealed_at = (self.catalog.meta("epoch_summaries", {}) or {}).get(str(last), {}).get("sealed_at", 0)
+        if last >= 0 and time.time() - sealed_at < self.leases.default_ttl:
+            pinned.add(last)
+        return pinned
+
+    def pinned_shards(self) -> set[int]:
+        out: set[int] = set()
+        for e in self.pinned_epochs():
+            out |= self.shard_ids(e)
+        return out
+
+    async def manifest(self, epoch: int, min_samples: int = 1, timeout: float = 30.0,
+                       max_samples: int | None = None) -> bytes:
         """The sealed manifest of ``epoch``; seals it now if it is the next one."""
         raw = self.catalog.manifest_bytes(epoch)
         if raw is not None:
@@ -72,21 +121,18 @@ class EpochManager:
                                       f"{self.catalog.resident_rows} so far (warming up): retry later",
                                  retry_after=2.0)
             await asyncio.sleep(0.05)
+        cap = self.max_samples if max_samples is None else max_samples
         async with self._lock:
             raw = self.catalog.manifest_bytes(epoch)
             if raw is not None:
                 return raw
             if self.last_sealed() != epoch - 1:
                 raise EpochError(409, f"epoch {epoch} cannot be sealed: the last sealed epoch is {self.last_sealed()}")
-            previous = self._rows_of(epoch - 1)
+            previous = set(self.shard_ids(epoch - 1)) if epoch > 0 else set()
+            fields = self.manifest_fields()
 
             def build() -> dict[str, Any]:
-                return build_manifest(epoch, self.catalog.shards(), previous=previous, **self.manifest_fields())
+                chosen = select_shards(self.catalog.shards(), cap, fields["seed"], epoch)
+                return build_manifest(epoch, chosen, previous=previous, **fields)
 
             return await asyncio.wrap_future(self.writer.seal(epoch, build))
-
-    def _rows_of(self, epoch: int) -> int:
-        raw = self.catalog.manifest_bytes(epoch) if epoch >= 0 else None
-        if raw is None:
-            return 0
-        return int(json.loads(raw)["samples"])

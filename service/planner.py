@@ -3,17 +3,20 @@
 Units are drawn uniformly at random *without replacement*: each pass ("cycle")
 over this node's units follows a seeded permutation, and the cursor (cycle,
 done positions) is persisted by the writer in the same transaction as the shard
-it produced, so a restart continues where it stopped. With ``num_nodes > 1`` the
-units are split into disjoint parts by a permutation every host derives from
-the same seed.
+it produced, so a restart continues where it stopped. Units of files discovered
+mid-cycle join the current cycle as a new segment (its own permutation) after
+the units already planned, so no unit is drawn twice in a cycle. With
+``num_nodes > 1`` each unit belongs to the node its hash names: the split is
+disjoint, identical on every host and stable when files are added.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import zlib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -33,58 +36,76 @@ class Pick:
 
 
 def build_units(files: Mapping[str, Mapping[str, Any]]) -> list[Unit]:
-    """All units of the usable (not quarantined) files, in a stable order."""
+    """All units, in discovery order (files by discovery sequence, then path; row groups in order).
+
+    Quarantined files keep their units (indices stay stable); the daemon skips them.
+    """
     units = []
-    for path in sorted(files):
-        info = files[path]
-        if info.get("quarantined"):
-            continue
-        units.extend(Unit(path, i, int(n)) for i, n in enumerate(info.get("row_groups", [])))
+    for path in sorted(files, key=lambda p: (int(files[p].get("seq", 0)), p)):
+        rows = files[path].get("row_groups", [])
+        units.extend(Unit(path, i, int(n)) for i, n in enumerate(rows))
     return units
 
 
-def digest(units: list[Unit]) -> str:
+def node_of(unit: Unit, num_nodes: int) -> int:
+    return zlib.crc32(f"{unit.path}\0{unit.row_group}".encode()) % num_nodes
+
+
+def digest(units: Sequence[Unit]) -> str:
     h = hashlib.sha256()
     for u in units:
         h.update(f"{u.path}\0{u.row_group}\0{u.rows}\n".encode())
     return h.hexdigest()[:16]
 
 
-def node_units(units: list[Unit], seed: int, node_rank: int, num_nodes: int) -> list[Unit]:
-    """This node's disjoint part of the units (the same split on every host)."""
-    order = np.random.default_rng([seed, 0x5CA1AB1E]).permutation(len(units))
-    return [units[i] for i in order[node_rank::num_nodes]]
-
-
-def cycle_order(n: int, seed: int, node_rank: int, cycle: int) -> np.ndarray:
-    return np.random.default_rng([seed, node_rank, cycle]).permutation(n)
+def segment_order(sizes: Sequence[int], seed: int, node_rank: int, cycle: int) -> np.ndarray:
+    """The cycle's order: each segment of units permuted on its own, segments one after another."""
+    parts, offset = [], 0
+    for k, n in enumerate(sizes):
+        parts.append(offset + np.random.default_rng([seed, node_rank, cycle, k]).permutation(n))
+        offset += n
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 class Planner:
     """Hands out units in permutation order; tracks which positions are done."""
 
-    def __init__(self, units: list[Unit], seed: int = 0, node_rank: int = 0, num_nodes: int = 1,
+    def __init__(self, units: Sequence[Unit], seed: int = 0, node_rank: int = 0, num_nodes: int = 1,
                  cursor: Mapping[str, Any] | None = None) -> None:
         if not 0 <= node_rank < num_nodes:
             raise ValueError(f"node_rank must be in [0, {num_nodes})")
         self.seed, self.node_rank, self.num_nodes = seed, node_rank, num_nodes
         self.all_units = len(units)
-        self.units = node_units(units, seed, node_rank, num_nodes)
-        self.digest = digest(units)
+        self.units = [u for u in units if node_of(u, num_nodes) == node_rank]
         self._lock = threading.Lock()
-        self.cycle, self.low, self.ahead = 0, 0, set()
-        if cursor and cursor.get("digest") == self.digest:
-            self.cycle = int(cursor["cycle"])
-            self.low = int(cursor["low"])
-            self.ahead = set(int(p) for p in cursor.get("ahead", ()))
-        self._order = cycle_order(len(self.units), seed, node_rank, self.cycle)
+        self.cycle, self.low, self.ahead, self.segments = 0, 0, set(), [len(self.units)]
+        if cursor and "segments" in cursor:
+            planned = sum(cursor["segments"])
+            if planned <= len(self.units) and cursor.get("digest") == digest(self.units[:planned]):
+                self.cycle = int(cursor["cycle"])
+                self.low = int(cursor["low"])
+                self.ahead = set(int(p) for p in cursor.get("ahead", ()))
+                self.segments = [int(n) for n in cursor["segments"]]
+                if planned < len(self.units):
+                    self.segments.append(len(self.units) - planned)
+        self._order = segment_order(self.segments, seed, node_rank, self.cycle)
         self._next = self.low
         self._handed: set[int] = set()
         self._retry: list[int] = []
-        self.max_cycle_started = self.cycle
 
     def __len__(self) -> int:
         return len(self.units)
+
+    def add_units(self, units: Sequence[Unit]) -> int:
+        """Join newly discovered units (this node's share) to the current cycle; returns how many."""
+        mine = [u for u in units if node_of(u, self.num_nodes) == self.node_rank]
+        with self._lock:
+            self.all_units += len(units)
+            if mine:
+                self.units.extend(mine)
+                self.segments.append(len(mine))
+                self._order = segment_order(self.segments, self.seed, self.node_rank, self.cycle)
+        return len(mine)
 
     def next(self) -> Pick | None:
         """The next unit to sample, or None when every unit of this cycle is handed out."""
@@ -108,7 +129,8 @@ class Planner:
     def _new_cycle(self) -> None:
         self.cycle += 1
         self.low, self.ahead, self._next = 0, set(), 0
-        self._order = cycle_order(len(self.units), self.seed, self.node_rank, self.cycle)
+        self.segments = [len(self.units)]
+        self._order = segment_order(self.segments, self.seed, self.node_rank, self.cycle)
 
     def retry(self, pick: Pick) -> None:
         """Hand ``pick`` out again later (a transient failure)."""
@@ -116,12 +138,10 @@ class Planner:
             if pick.cycle == self.cycle and pick.position not in self._retry:
                 self._retry.append(pick.position)
 
-    def release(self, pick: Pick) -> None:
-        """Forget that ``pick`` was handed out (it was never run)."""
-        with self._lock:
-            if pick.cycle == self.cycle:
-                self._handed.discard(pick.position)
-                self._next = min(self._next, pick.position)
+    def _cursor(self, low: int, ahead: set[int]) -> dict[str, Any]:
+        planned = sum(self.segments)
+        return {"cycle": self.cycle, "low": low, "ahead": sorted(ahead), "segments": list(self.segments),
+                "digest": digest(self.units[:planned])}
 
     def cursor_after(self, cycle: int, position: int) -> dict[str, Any]:
         """The cursor once ``position`` of ``cycle`` is done (pure: nothing changes)."""
@@ -132,7 +152,7 @@ class Planner:
                 while low in ahead:
                     ahead.discard(low)
                     low += 1
-            return {"cycle": self.cycle, "low": low, "ahead": sorted(ahead), "digest": self.digest}
+            return self._cursor(low, ahead)
 
     def done(self, cycle: int, position: int) -> None:
         with self._lock:
@@ -146,7 +166,7 @@ class Planner:
 
     def cursor(self) -> dict[str, Any]:
         with self._lock:
-            return {"cycle": self.cycle, "low": self.low, "ahead": sorted(self.ahead), "digest": self.digest}
+            return self._cursor(self.low, self.ahead)
 
     def coverage(self) -> dict[str, Any]:
         """Fraction of this node's units and rows sampled at least once."""
@@ -162,4 +182,4 @@ class Planner:
                     "rows": total_rows, "rows_sampled": done_rows,
                     "unit_fraction": done_units / len(self.units) if self.units else 0.0,
                     "row_fraction": done_rows / total_rows if total_rows else 0.0,
-                    "remote_units": self.all_units}
+                    "remote_units": self.all_units, "node_rank": self.node_rank, "num_nodes": self.num_nodes}

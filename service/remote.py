@@ -23,6 +23,7 @@ class FileInfo:
     path: str
     size: int
     row_groups: tuple[int, ...]  # rows per row group
+    row_group_bytes: tuple[int, ...] = ()  # uncompressed bytes per row group (the footer's estimate)
 
 
 class RemoteStore(Protocol):
@@ -66,8 +67,11 @@ class FsspecRemote:
         with self.fs.open(path, "rb", block_size=OPEN_BLOCK_SIZE) as f:
             pf = pq.ParquetFile(f)
             md = pf.metadata
-            rows = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-            return FileInfo(path=path, size=int(getattr(f, "size", 0) or 0), row_groups=rows), pf.schema_arrow
+            rgs = [md.row_group(i) for i in range(md.num_row_groups)]
+            info = FileInfo(path=path, size=int(getattr(f, "size", 0) or 0),
+                            row_groups=tuple(rg.num_rows for rg in rgs),
+                            row_group_bytes=tuple(rg.total_byte_size for rg in rgs))
+            return info, pf.schema_arrow
 
     def read_row_group(self, path: str, row_group: int, columns: Sequence[str] | None) -> pa.Table:
         with self.fs.open(path, "rb", block_size=OPEN_BLOCK_SIZE) as f:

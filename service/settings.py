@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ByteSize, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-POLICIES = ("fifo", "random", "lru")
+from samplecache.service.eviction import POLICIES
 
 
 def default_samplers() -> int:
@@ -31,7 +31,13 @@ class Settings(BaseSettings):
     token: str | None = Field(None, description="Bearer token required by endpoints that change state (unset: no token)")
     storage_options: dict[str, Any] = Field(default_factory=dict, description="JSON object passed to fsspec (endpoint, credentials, ...)")
     columns: list[str] | None = Field(None, description="Sample only these columns (comma-separated; default: all supported)")
-    seed: int = Field(0, description="Seed of the remote sampling order and of every epoch's shuffle")
+    seed: int = Field(0, description="Seed of the remote sampling order (and of random eviction)")
+    eviction_policy: str = Field("fifo", description="Which shards make room once the budget is reached: fifo, random or lru")
+    lease_ttl: float = Field(60.0, gt=0, le=3600, description="Seconds a reader's lease on an epoch lives without a heartbeat")
+    epoch_max_samples: int = Field(0, ge=0, description="Cap on the samples of one epoch (0: every resident sample)")
+    discover_interval: float = Field(300.0, gt=0, description="Seconds between listings of the source for new files")
+    node_rank: int = Field(0, ge=0, description="This host's part of the remote when several hosts share it")
+    num_nodes: int = Field(1, ge=1, description="How many hosts split the remote's row groups between them")
     block_bytes: ByteSize = Field(ByteSize(2**20), description="Target size of one stored block of rows")
     epoch_wait_max: float = Field(600.0, gt=0, description="Longest wait (s) a manifest request may ask for with min_samples")
     retry_seconds: float = Field(5.0, gt=0, description="Back-off (s) after the remote is unreachable")
@@ -51,8 +57,17 @@ class Settings(BaseSettings):
             raise ValueError("must be one of debug, info, warning, error")
         return v.lower()
 
+    @field_validator("eviction_policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown eviction policy {v!r}; choose one of {', '.join(sorted(POLICIES))}")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "Settings":
+        if self.node_rank >= self.num_nodes:
+            raise ValueError(f"node_rank {self.node_rank} must be smaller than num_nodes {self.num_nodes}")
         if self.max_bytes <= 0:
             raise ValueError("max_bytes must be positive")
         if self.block_bytes < 4096:

@@ -6,6 +6,7 @@ awaits them with ``asyncio.wrap_future`` and never blocks on LMDB.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -13,17 +14,31 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Sequence
 
 import lmdb
 
 from samplecache.record import record_key
 from samplecache.service.catalog import DBS, Catalog, Shard, u64
+from samplecache.service.eviction import EvictionPlan
 from samplecache.service.staging import StagingError, read_staged
 
 log = logging.getLogger("samplecache.writer")
 
 MAX_READERS = 4096
+
+
+class NoRoom(Exception):
+    """A shard does not fit: the room left is pinned by leases. The staging file stays."""
+
+    def __init__(self, size: int, plan: EvictionPlan) -> None:
+        super().__init__(f"a shard of {size} bytes does not fit: only {plan.freed} bytes are evictable")
+        self.size, self.plan = size, plan
+
+
+class Ingested(NamedTuple):
+    shard: Shard | None
+    evicted: tuple[int, ...]
 
 
 def open_env(path: Path, map_size: int) -> tuple[lmdb.Environment, dict[bytes, Any]]:
@@ -78,45 +93,65 @@ class Writer:
         self._thread.join(timeout)
 
     # -- operations ---------------------------------------------------------------------------
-    def ingest(self, staged_path: Path, cursor: Callable[[int, int], dict[str, Any]] | None = None) -> "Future[Shard | None]":
-        """Ingest one staging file as a new shard (atomically), then delete the file.
+    def ingest(self, staged_path: Path, cursor: Callable[[int, int], dict[str, Any]] | None = None,
+               make_room: Callable[[int], EvictionPlan] | None = None) -> "Future[Ingested]":
+        """Ingest one staging file as a new shard, evicting what ``make_room`` names, in ONE transaction.
 
-        ``cursor(cycle, unit)`` gives the sampling cursor to store in the same
-        transaction. Returns None when the shard was already ingested.
+        ``cursor(cycle, unit)`` gives the sampling cursor to store with it. Raises
+        NoRoom (the file stays staged) when the shard cannot fit without touching
+        pinned shards. ``shard`` is None when the file was already ingested.
         """
-        def op(txn: lmdb.Transaction) -> Shard | None:
+        def op(txn: lmdb.Transaction) -> Ingested:
             try:
                 staged = read_staged(staged_path)
             except StagingError as e:
                 log.warning("dropping unreadable staging file %s: %s", staged_path.name, e)
                 staged_path.unlink(missing_ok=True)
-                return None
+                return Ingested(None, ())
             try:
                 h = staged.header
                 if self.catalog.has_key(h["key"]):
-                    return None
+                    return Ingested(None, ())
+                size = sum(len(b) for b in staged.blocks)
+                plan = make_room(size) if make_room is not None else EvictionPlan((), 0, True)
+                if not plan.fits:
+                    raise NoRoom(size, plan)
+                self._delete(txn, plan.evict)
                 sid = int(self.catalog.meta("next_shard", 1))
                 records = self.dbs[b"records"]
                 for b, block in enumerate(staged.blocks):
                     txn.put(record_key(sid, b), block, db=records, append=True)
                 shard = Shard(id=sid, key=h["key"], path=h["path"], row_group=h["row_group"], unit=h["unit"],
-                              cycle=h["cycle"], rows=h["rows"], bytes=sum(len(b) for b in staged.blocks),
-                              rows_per_block=h["rows_per_block"], blocks=len(staged.blocks), created=time.time())
+                              cycle=h["cycle"], rows=h["rows"], bytes=size, rows_per_block=h["rows_per_block"],
+                              blocks=len(staged.blocks), created=time.time())
                 txn.put(u64(sid), shard.to_json(), db=self.dbs[b"shards"])
                 txn.put(b"next_shard", json.dumps(sid + 1).encode(), db=self.dbs[b"meta"])
                 if cursor is not None:
                     txn.put(b"cursor", json.dumps(cursor(h["cycle"], h["unit"])).encode(), db=self.dbs[b"meta"])
-                return shard
+                return Ingested(shard, plan.evict)
             finally:
                 staged.close()
 
-        def after(shard: Shard | None) -> None:
-            if shard is not None:
-                self.catalog.added_shard(shard)
-                self.catalog.set_meta("next_shard", shard.id + 1)
+        def after(done: Ingested) -> None:
+            for sid in done.evicted:
+                self.catalog.removed_shard(sid)
+            if done.shard is not None:
+                self.catalog.added_shard(done.shard)
+                self.catalog.set_meta("next_shard", done.shard.id + 1)
             staged_path.unlink(missing_ok=True)
 
         return self.submit(op, after)
+
+    def _delete(self, txn: lmdb.Transaction, shard_ids: Sequence[int]) -> None:
+        records = self.dbs[b"records"]
+        for sid in shard_ids:
+            cur = txn.cursor(db=records)
+            prefix = u64(sid)
+            if cur.set_range(prefix):
+                while cur.key()[:8] == prefix:
+                    if not cur.delete():
+                        break
+            txn.delete(prefix, db=self.dbs[b"shards"])
 
     def put_meta(self, items: dict[str, Any]) -> "Future[None]":
         def op(txn: lmdb.Transaction) -> None:
@@ -143,6 +178,7 @@ class Writer:
     def seal(self, epoch: int, build: Callable[[], dict[str, Any]]) -> "Future[bytes]":
         """Seal ``epoch`` with the manifest ``build()`` makes on the writer thread (so no ingest interleaves)."""
         summaries: dict[str, Any] = {}
+        used: list[Shard] = []
 
         def op(txn: lmdb.Transaction) -> bytes:
             existing = txn.get(u64(epoch), db=self.dbs[b"epochs"])
@@ -151,6 +187,11 @@ class Writer:
             manifest = build()
             raw = json.dumps(manifest, separators=(",", ":")).encode()
             txn.put(u64(epoch), raw, db=self.dbs[b"epochs"])
+            for entry in manifest["shards"]:
+                s = self.catalog.shard(entry[0])
+                if s is not None:
+                    used.append(s)
+                    txn.put(u64(s.id), dataclasses.replace(s, last_used_epoch=epoch).to_json(), db=self.dbs[b"shards"])
             summaries.update(self.catalog.meta("epoch_summaries", {}) or {})
             summaries[str(epoch)] = {k: manifest[k] for k in ("samples", "new_samples", "bytes", "sealed_at")}
             summaries[str(epoch)]["shards"] = len(manifest["shards"])
@@ -158,32 +199,23 @@ class Writer:
             return raw
 
         def after(raw: bytes) -> None:
+            for s in used:
+                s.last_used_epoch = epoch
             self.catalog.sealed(epoch, raw)
             if summaries:
                 self.catalog.set_meta("epoch_summaries", summaries)
 
         return self.submit(op, after)
 
-    def delete_shards(self, shard_ids: list[int]) -> "Future[int]":
-        """Remove shards and all their records in one transaction; returns bytes freed."""
-        def op(txn: lmdb.Transaction) -> int:
-            freed = 0
-            records = self.dbs[b"records"]
-            for sid in shard_ids:
-                s = self.catalog.shard(sid)
-                if s is None:
-                    continue
-                cur = txn.cursor(db=records)
-                if cur.set_range(record_key(sid, 0)):
-                    while cur.key()[:8] == u64(sid):
-                        if not cur.delete():
-                            break
-                txn.delete(u64(sid), db=self.dbs[b"shards"])
-                freed += s.bytes
-            return freed
+    def evict(self, make_room: Callable[[int], EvictionPlan]) -> "Future[tuple[int, ...]]":
+        """Evict what ``make_room(0)`` names (after the budget was lowered)."""
+        def op(txn: lmdb.Transaction) -> tuple[int, ...]:
+            plan = make_room(0)
+            self._delete(txn, plan.evict)
+            return plan.evict
 
-        def after(_: int) -> None:
-            for sid in shard_ids:
+        def after(evicted: tuple[int, ...]) -> None:
+            for sid in evicted:
                 self.catalog.removed_shard(sid)
 
         return self.submit(op, after)

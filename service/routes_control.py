@@ -1,0 +1,79 @@
+"""Inspecting and steering the cache: shards, samplers, runtime config."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import ByteSize, TypeAdapter, ValidationError
+
+from samplecache.service.daemon import ConfigError
+from samplecache.service.deps import DaemonDep, TokenDep
+from samplecache.service.models import ConfigIn, ConfigOut, Problem, SamplerControl, ShardPage
+
+router = APIRouter(tags=["control"])
+ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (401, 409, 422)}
+_SIZE = TypeAdapter(ByteSize)
+
+
+@router.get("/v1/shards", response_model=ShardPage)
+async def shards(d: DaemonDep, offset: Annotated[int, Query(ge=0)] = 0,
+                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+    """Resident shards, oldest first."""
+    all_shards = d.catalog.shards()
+    pinned = d.epochs.pinned_shards()
+    page = all_shards[offset:offset + limit]
+    return {"total": len(all_shards), "offset": offset, "limit": limit,
+            "shards": [{"id": s.id, "path": s.path, "row_group": s.row_group, "rows": s.rows, "bytes": s.bytes,
+                        "created": s.created, "last_used_epoch": s.last_used_epoch, "pinned": s.id in pinned}
+                       for s in page]}
+
+
+def _control(d: Any) -> dict[str, Any]:
+    return {"paused": d.user_paused, "state": d.sampler_state()}
+
+
+@router.post("/v1/samplers/pause", response_model=SamplerControl, responses=ERRORS, dependencies=[TokenDep])
+async def pause(d: DaemonDep) -> Any:
+    d.user_paused = True
+    return _control(d)
+
+
+@router.post("/v1/samplers/resume", response_model=SamplerControl, responses=ERRORS, dependencies=[TokenDep])
+async def resume(d: DaemonDep) -> Any:
+    d.user_paused = False
+    return _control(d)
+
+
+def _config(d: Any) -> dict[str, Any]:
+    return {"max_bytes": d.max_bytes, "eviction_policy": d.policy, "min_free_disk": d.min_free_disk,
+            "epoch_max_samples": d.epochs.max_samples}
+
+
+def _size(name: str, v: int | str | None) -> int | None:
+    if v is None:
+        return None
+    try:
+        n = int(_SIZE.validate_python(v))
+    except ValidationError:
+        raise HTTPException(422, f"{name}: cannot read {v!r} as a size (e.g. 500GB, 2GiB, 1048576)") from None
+    if n < 0:
+        raise HTTPException(422, f"{name} must not be negative")
+    return n
+
+
+@router.get("/v1/config", response_model=ConfigOut)
+async def get_config(d: DaemonDep) -> Any:
+    return _config(d)
+
+
+@router.patch("/v1/config", response_model=ConfigOut, responses=ERRORS, dependencies=[TokenDep])
+async def patch_config(d: DaemonDep, body: ConfigIn) -> Any:
+    """Change the budget, eviction policy, free-disk guard or epoch cap at runtime (until restart)."""
+    try:
+        d.configure(max_bytes=_size("max_bytes", body.max_bytes), policy=body.eviction_policy,
+                    min_free_disk=_size("min_free_disk", body.min_free_disk),
+                    epoch_max_samples=body.epoch_max_samples)
+    except ConfigError as e:
+        raise HTTPException(e.status, e.message) from None
+    return _config(d)
