@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import shutil
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import lmdb
 
 from samplecache.record import FORMAT_VERSION
 from samplecache.service.catalog import Catalog
@@ -74,12 +77,14 @@ class Daemon:
         self.paused_reason: str | None = None
         self.user_paused = False
         self.complete = False  # every remote unit is resident: nothing new to sample
+        self.disk_full: str | None = None
         self.last_error: str | None = None
         self.remote_errors = 0
         self.evicted_shards = 0
         self._skips = 0
         self._attempts: dict[str, int] = collections.defaultdict(int)
         self._backoff_until = 0.0
+        self._held_retry_at = 0.0
         self._next_discovery = 0.0
         self._held: collections.deque[SampleResult] = collections.deque()  # staged, waiting for room
         self._ingests: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=4096)
@@ -241,6 +246,11 @@ class Daemon:
             self.complete, self._skips = False, 0
         if self.user_paused:
             return "paused by request"
+        if self.disk_full:
+            free = shutil.disk_usage(self.settings.cache_dir).free
+            if free < self.min_free_disk or time.monotonic() < self._backoff_until:
+                return self.disk_full
+            self.disk_full = None
         if self._held:
             pinned = sorted(self.epochs.pinned_epochs())
             return (f"budget full: every evictable shard is pinned by leases on epochs {pinned}; "
@@ -317,6 +327,9 @@ class Daemon:
         fut.add_done_callback(lambda f: self._ingested(f, r))
 
     def _retry_held(self) -> None:
+        if not self._held or time.monotonic() < self._held_retry_at:
+            return
+        self._held_retry_at = time.monotonic() + 0.5
         for _ in range(len(self._held)):
             self._ingest(self._held.popleft())
 
@@ -325,6 +338,14 @@ class Daemon:
         exc = fut.exception()
         if isinstance(exc, NoRoom):
             self._held.append(r)  # backpressure: wait for a lease to end; the budget is never exceeded
+            return
+        if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or (
+                isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
+            self.disk_full = f"disk full while ingesting: {type(exc).__name__}: {exc}"
+            self._backoff_until = time.monotonic() + self.settings.retry_seconds
+            self.last_error = self.disk_full
+            log.error("%s; sampling pauses and the shard waits", self.disk_full)
+            self._held.append(r)
             return
         if exc is not None:
             self.last_error = f"ingest failed: {type(exc).__name__}: {exc}"
