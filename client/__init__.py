@@ -10,13 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["SampleCacheDataset", "DaemonError", "__version__"]
+__all__ = ["SampleCacheDataset", "SampleCacheLoader", "DaemonError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "SampleCacheDataset":
         from samplecache.dataset import SampleCacheDataset
         return SampleCacheDataset
+    if name == "SampleCacheLoader":
+        from samplecache.loader import SampleCacheLoader
+        return SampleCacheLoader
     if name == "DaemonError":
         from samplecache.daemon_api import DaemonError
         return DaemonError

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from samplecache.daemon_api import fetch_manifest
+from samplecache.daemon_api import DaemonError, fetch_manifest
 from samplecache.epoch_clock import EpochClock
 from samplecache.lease import LeaseKeeper
-from samplecache.partition import PARTIAL, Span, part_range, rank_range, row_order, shard_order, spans_for
-from samplecache.reader import ShardReader
+from samplecache.partition import PARTIAL, part_range, rank_range, shard_order, spans_for
+from samplecache.reader import CacheReader
 from samplecache.record import Schema
+from samplecache.stream import Stream
+
+PREFETCH_AT = 0.9  # fetch (and so seal) the next epoch's manifest when this much of the stream is read
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -41,39 +46,53 @@ class EpochPlan:
         self.rows = np.array([s[1] for s in shards], dtype=np.int64)
         self.rows_per_block = np.array([s[3] for s in shards], dtype=np.int64)
         self.total = int(self.rows.sum())
-        self.reader = ShardReader(manifest["lmdb_path"], int(manifest["map_size"]), self.schema)
+        self.reader = CacheReader(manifest["lmdb_path"], int(manifest["map_size"]), self.schema)
 
 
 class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     """Samples of the local samplecache, one epoch manifest at a time.
 
-    Yields dicts of column -> numpy array / numpy scalar / str / bytes, ready for
-    ``default_collate`` and ``pin_memory=True``. Every sample of the epoch is
-    delivered once across DDP ranks x DataLoader workers; with ``partial="pad"``
-    (default) or ``"drop"`` every rank gets the same count, so DDP never hangs.
+    Per-sample (default): yields dicts of column -> numpy array / numpy scalar /
+    str / bytes / None, ready for ``default_collate`` and ``pin_memory=True``.
+    Batched (``batch_size=B``, use ``DataLoader(batch_size=None)``): yields
+    ready batches, fixed-shape columns as tensors built by vectorised gathers.
+
+    Every sample of the epoch is delivered once across DDP ranks x DataLoader
+    workers; with ``partial="pad"`` (default) or ``"drop"`` every rank gets
+    the same number of samples and batches, so DDP never hangs.
     """
 
     def __init__(self, url: str = "http://127.0.0.1:8750", columns: Sequence[str] | None = None,
-                 transform: Callable[[dict[str, Any]], Any] | None = None, shuffle: bool = True, seed: int = 0,
-                 *, partial: str = "pad", min_samples: int = 1, wait: float = 60.0,
-                 token: str | None = None, retries: int = 5, lease: bool = True) -> None:
+                 transform: Callable[[Any], Any] | None = None, shuffle: bool = True, seed: int = 0,
+                 *, batch_size: int | None = None, drop_last: bool = False, shuffle_buffer: int = 0,
+                 partial: str = "pad", min_samples: int = 1, wait: float = 60.0, token: str | None = None,
+                 retries: int = 5, lease: bool = True, prefetch_next: bool = True) -> None:
         super().__init__()
         if partial not in PARTIAL:
             raise ValueError(f"partial must be one of {PARTIAL}, not {partial!r}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError("batch_size must be a positive integer or None")
         self.url = url.rstrip("/")
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.shuffle = shuffle
         self.seed = int(seed)
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.shuffle_buffer = int(shuffle_buffer)
         self.partial = partial
         self.min_samples = int(min_samples)
         self.wait = float(wait)
         self.token = token
         self.retries = retries
         self.lease = lease
+        self.prefetch_next = prefetch_next
         self._clock = EpochClock(0)
         self._iterations = 0
         self._plans: dict[int, EpochPlan] = {}
+        self._plans_lock = threading.Lock()
+        self._resume: dict[str, Any] | None = None
+        self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
 
     # -- epochs ----------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -82,15 +101,30 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
             raise ValueError("epoch must be >= 0")
         self._clock.set(int(epoch))
 
+    def current_epoch(self) -> int | None:
+        """The epoch the latest iteration (in any worker) read, if known."""
+        return self._clock.current()
+
     def plan(self, epoch: int) -> EpochPlan:
-        """The manifest of ``epoch`` (fetched once per process)."""
-        got = self._plans.get(epoch)
+        """The manifest of ``epoch`` (fetched once per process; the first fetch anywhere seals it)."""
+        with self._plans_lock:
+            got = self._plans.get(epoch)
         if got is None:
             manifest = fetch_manifest(self.url, epoch, self.min_samples, self.wait, self.token, self.retries)
-            got = self._plans[epoch] = EpochPlan(manifest, self.columns)
-            for old in [e for e in self._plans if e < epoch - 1]:
-                del self._plans[old]
+            got = EpochPlan(manifest, self.columns)
+            with self._plans_lock:
+                self._plans[epoch] = got
+                for old in [e for e in self._plans if e < epoch - 1]:
+                    del self._plans[old]
         return got
+
+    def _prefetch(self, epoch: int) -> None:
+        def run() -> None:
+            try:
+                self.plan(epoch)
+            except (DaemonError, KeyError, ValueError):
+                pass  # the next iteration fetches it again and reports the error there
+        threading.Thread(target=run, name=f"samplecache-prefetch-{epoch}", daemon=True).start()
 
     def _next_epoch(self) -> int:
         info = get_worker_info()
@@ -100,33 +134,95 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         return self._clock.take(key)
 
     # -- splitting ----------------------------------------------------------------------------
-    def spans(self, plan: EpochPlan, rank: int, world: int, worker: int, workers: int) -> list[Span]:
+    def stream(self, plan: EpochPlan, rank: int, world: int, worker: int, workers: int) -> Stream:
+        """The samples (rank, worker) reads in ``plan``'s epoch, in order."""
         order = shard_order(len(plan.ids), self.seed, plan.epoch, self.shuffle)
         start, stop = rank_range(plan.total, rank, world, self.partial)
         start, stop = part_range(start, stop, worker, workers)
-        return spans_for(plan.rows, order, start, stop)
+        spans = spans_for(plan.rows, order, start, stop)
+        return Stream(spans, plan.ids, plan.rows, self.seed, plan.epoch, self.shuffle, self.shuffle_buffer,
+                      key=rank * workers + worker)
 
+    def _start(self, epoch: int, worker: int, workers: int) -> int:
+        r = self._resume
+        if r is None or int(r["epoch"]) != epoch:
+            return 0
+        if len(r["skip"]) != workers:
+            raise ValueError(f"this state was saved with {len(r['skip'])} DataLoader workers; resume with "
+                             f"the same number (now {workers})")
+        return int(r["skip"][worker])
+
+    # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         epoch = self._next_epoch()
         plan = self.plan(epoch)
         rank, world = dist_rank_world()
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        stream = self.stream(plan, rank, world, worker, workers)
+        start = self._start(epoch, worker, workers)
         keeper = LeaseKeeper(self.url, epoch, self.token, holder=f"rank {rank} worker {worker}") if self.lease else None
+        prefetch_at = int(PREFETCH_AT * stream.total) if self.prefetch_next else -1
+        self._position = (epoch, start)
         try:
-            for span in self.spans(plan, rank, world, worker, workers):
-                sid = int(plan.ids[span.index])
-                order = row_order(sid, int(plan.rows[span.index]), self.seed, epoch, self.shuffle)
-                rows = plan.reader.rows(sid, int(plan.rows_per_block[span.index]), order[span.start:span.stop],
-                                        plan.cols)
-                if self.transform is None:
-                    yield from rows
-                else:
-                    for sample in rows:
-                        yield self.transform(sample)
+            items = self._batches(plan, stream, start) if self.batch_size else self._samples(plan, stream, start)
+            for pos, item in items:
+                if pos >= prefetch_at >= 0:
+                    self._prefetch(epoch + 1)
+                    prefetch_at = -1
+                self._position = (epoch, pos)
+                yield item if self.transform is None else self.transform(item)
         finally:
             if keeper is not None:
                 keeper.release()
+
+    def _samples(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
+        pos = start
+        for idx, rows in stream.chunks(start):
+            for sample in plan.reader.samples(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols):
+                pos += 1
+                yield pos, sample
+
+    def _batches(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
+        b = int(self.batch_size or 1)
+        pos = start
+        pend_idx: list[np.ndarray] = []
+        pend_rows: list[np.ndarray] = []
+        pending = 0
+        for idx, rows in stream.chunks(start, chunk=max(b, 4096 // b * b)):
+            pend_idx.append(idx)
+            pend_rows.append(rows)
+            pending += len(idx)
+            if pending < b:
+                continue
+            all_idx, all_rows = np.concatenate(pend_idx), np.concatenate(pend_rows)
+            full = len(all_idx) // b * b
+            for a in range(0, full, b):
+                sel = slice(a, a + b)
+                pos += b
+                yield pos, self._collate(plan, all_idx[sel], all_rows[sel])
+            pend_idx, pend_rows, pending = [all_idx[full:]], [all_rows[full:]], len(all_idx) - full
+        if pending and not self.drop_last:
+            idx, rows = np.concatenate(pend_idx), np.concatenate(pend_rows)
+            pos += len(idx)
+            yield pos, self._collate(plan, idx, rows)
+
+    def _collate(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray) -> dict[str, Any]:
+        batch = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols)
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+
+    # -- resuming (in-process iteration; with DataLoader workers use SampleCacheLoader) ---------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where an in-process iteration (no DataLoader workers) stands: resume with load_state_dict."""
+        epoch, pos = self._position
+        return {"epoch": epoch, "skip": [pos], "seed": self.seed, "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the saved epoch at the saved position on the next iteration."""
+        if state.get("seed", self.seed) != self.seed or state.get("shuffle", self.shuffle) != self.shuffle:
+            raise ValueError("the state was saved with another seed or shuffle setting")
+        self._resume = {"epoch": int(state["epoch"]), "skip": [int(s) for s in state["skip"]]}
+        self.set_epoch(int(state["epoch"]))
 
 
 __all__ = ["SampleCacheDataset", "EpochPlan", "dist_rank_world"]

@@ -27,6 +27,13 @@ class EpochClock:
                 self._shared[0], self._shared[1] = epoch, 0
         self._local_next = epoch
 
+    def current(self) -> int | None:
+        """The epoch of the latest iteration, if one has started."""
+        if self._shared is None:
+            return self._local_next - 1 if self._local_next > 0 else None
+        with self._shared.get_lock():
+            return int(self._shared[0]) - 1 if self._shared[1] else None
+
     def take(self, key: tuple[int, int]) -> int:
         """The epoch of the iteration with ``key``; a new key advances the clock."""
         a, b = (key[0] & 0x7FFFFFFFFFFFFFFF), key[1]

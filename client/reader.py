@@ -55,24 +55,66 @@ def _begin(env: lmdb.Environment) -> lmdb.Transaction:
         return env.begin(buffers=True)
 
 
-class ShardReader:
-    """Reads rows of one shard; a short read transaction per call."""
+class CacheReader:
+    """Reads samples by (shard id, row); one short read transaction per chunk of positions."""
 
     def __init__(self, path: str, map_size: int, schema: Schema) -> None:
         self.path, self.map_size, self.schema = path, map_size, schema
 
-    def rows(self, shard_id: int, rows_per_block: int, rows: np.ndarray, cols: Sequence[int]) -> Iterator[dict[str, Any]]:
-        """Yield the given rows (shard-local indices), decoded to owned values."""
-        env, db = open_cache(self.path, self.map_size)
+    def _views(self, txn: lmdb.Transaction, db: Any, keys: np.ndarray, sids: np.ndarray,
+               blocks: np.ndarray) -> dict[int, BlockView]:
         views: dict[int, BlockView] = {}
+        for k, sid, b in zip(keys.tolist(), sids.tolist(), blocks.tolist()):
+            if k in views:
+                continue
+            buf = txn.get(record_key(sid, b), db=db)
+            if buf is None:
+                raise KeyError(f"shard {sid} block {b} is missing from the cache: it was evicted while this "
+                               f"epoch was read without a live lease (lease=False, or it expired)")
+            views[k] = BlockView(buf, self.schema)
+        return views
+
+    def samples(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int]) -> Iterator[dict[str, Any]]:
+        """Yield one dict per position, decoded to owned values."""
+        env, db = open_cache(self.path, self.map_size)
+        blocks, local = np.divmod(rows, rpbs)
+        keys = (sids << 32) | blocks
         with _begin(env) as txn:
-            for r in rows.tolist():
-                b, i = divmod(r, rows_per_block)
-                view = views.get(b)
-                if view is None:
-                    buf = txn.get(record_key(shard_id, b), db=db)
-                    if buf is None:
-                        raise KeyError(f"shard {shard_id} block {b} is missing from the cache (evicted "
-                                       f"while leased? the daemon's lease TTL may be too short)")
-                    view = views[b] = BlockView(buf, self.schema)
-                yield view.row(i, cols)
+            views = self._views(txn, db, keys, sids, blocks)
+            for k, i in zip(keys.tolist(), local.tolist()):
+                yield views[k].row(i, cols)
+
+    def batch(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int]) -> dict[str, Any]:
+        """One collated batch: fixed columns as (n, *shape) arrays filled by vectorised gathers, others as lists."""
+        env, db = open_cache(self.path, self.map_size)
+        n = len(rows)
+        blocks, local = np.divmod(rows, rpbs)
+        keys = (sids << 32) | blocks
+        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        out: dict[str, Any] = {}
+        with _begin(env) as txn:
+            views = self._views(txn, db, uniq, sids[first], blocks[first])
+            groups = [np.flatnonzero(inverse == u) for u in range(len(uniq))] if len(uniq) > 1 else [np.arange(n)]
+            for ci in cols:
+                col = self.schema.columns[ci]
+                name = col.name
+                if col.kind == "fixed" and not _has_nulls(views, ci):
+                    arr = np.empty((n,) + col.shape, dtype=np.dtype(col.dtype or "<f4"))
+                    if len(groups) == 1:  # one block: a single gather straight into the batch
+                        np.take(views[int(uniq[0])].column_array(ci), local, axis=0, out=arr)
+                    else:
+                        for u, sel in zip(uniq.tolist(), groups):
+                            arr[sel] = views[u].column_array(ci)[local[sel]]
+                    out[name] = arr
+                else:
+                    vals: list[Any] = [None] * n
+                    for u, sel in zip(uniq.tolist(), groups):
+                        v = views[u]
+                        for j in sel.tolist():
+                            vals[j] = v.value(ci, int(local[j]))
+                    out[name] = vals
+        return out
+
+
+def _has_nulls(views: dict[int, BlockView], ci: int) -> bool:
+    return any(v.has_nulls(ci) for v in views.values())

@@ -219,6 +219,9 @@ class BlockView:
         self._cache[ci] = got
         return got
 
+    def has_nulls(self, ci: int) -> bool:
+        return bool(self._table[ci][5])
+
     def column_array(self, ci: int) -> np.ndarray:
         """The whole ``fixed`` column as an (nrows, *shape) view."""
         return self._parts(ci)[0]

@@ -1,0 +1,91 @@
+"""``SampleCacheLoader``: a DataLoader whose ``state_dict()`` resumes an epoch mid-way, with workers.
+
+The trainer only sees batches; which worker made each one follows from how
+DataLoader deals tasks (in order, round-robin over the workers that still have
+data, starting at worker 0 every epoch). From the number of batches the trainer
+took, the loader works out how many samples each worker's stream delivered, so
+a new process resumes every worker's stream exactly there: no sample repeated,
+none skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader
+
+from samplecache.dataset import SampleCacheDataset, dist_rank_world
+
+
+def per_worker_items(items: list[int], taken: int) -> list[int]:
+    """How many items each worker produced after ``taken`` items, dealt round-robin."""
+    got = [0] * len(items)
+    w = 0
+    while taken > 0 and any(g < n for g, n in zip(got, items)):
+        if got[w] < items[w]:
+            got[w] += 1
+            taken -= 1
+        w = (w + 1) % len(items)
+    return got
+
+
+class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
+    """A ``DataLoader`` over a ``SampleCacheDataset`` with ``state_dict()`` / ``load_state_dict()``."""
+
+    def __init__(self, dataset: SampleCacheDataset, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("in_order") is False:
+            raise ValueError("SampleCacheLoader needs in_order=True to know which worker made a batch")
+        super().__init__(dataset, *args, **kwargs)
+        self._taken = 0
+        self._base: list[int] | None = None  # per-worker samples already consumed before this iteration
+        self._epoch: int | None = None
+
+    def _workers(self) -> int:
+        return max(1, self.num_workers)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
+        resume = ds._resume
+        it = super().__iter__()
+        self._taken = 0
+        self._epoch = None
+        self._base = list(resume["skip"]) if resume else [0] * self._workers()
+        for batch in it:
+            if self._epoch is None:
+                self._epoch = ds.current_epoch()
+            self._taken += 1
+            yield batch
+        ds._resume = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current epoch stands, for ``load_state_dict`` in a new process."""
+        ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
+        if self._epoch is None:
+            epoch = ds.current_epoch()
+            return {"epoch": epoch if epoch is not None else 0, "skip": [0] * self._workers(), "seed": ds.seed,
+                    "shuffle": ds.shuffle, "batches": 0}
+        plan = ds.plan(self._epoch)
+        rank, world = dist_rank_world()
+        w = self._workers()
+        base = self._base or [0] * w
+        per_item = ds.batch_size or 1
+        if self.batch_size is not None:
+            per_item *= self.batch_size
+        items = []
+        for i in range(w):
+            left = ds.stream(plan, rank, world, i, w).total - base[i]
+            whole, part = divmod(left, per_item)
+            items.append(whole + (1 if part and not self._drops_last() else 0))
+        got = per_worker_items(items, self._taken)
+        skip = [min(b + g * per_item, ds.stream(plan, rank, world, i, w).total) for i, (b, g) in enumerate(zip(base, got))]
+        return {"epoch": self._epoch, "skip": skip, "seed": ds.seed, "shuffle": ds.shuffle, "batches": self._taken}
+
+    def _drops_last(self) -> bool:
+        ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
+        return bool(ds.drop_last if ds.batch_size else self.drop_last)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["skip"]) != self._workers():
+            raise ValueError(f"the state was saved with {len(state['skip'])} workers; this loader has "
+                             f"{self._workers()}: resume with the same num_workers")
+        self.dataset.load_state_dict(state)  # type: ignore[attr-defined]

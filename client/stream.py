@@ -1,0 +1,73 @@
+"""One reader's stream of samples for an epoch: which (shard, row) comes next.
+
+Built from the spans this rank x worker owns (``partition.py``), each shard's
+row order, and an optional bounded shuffle: the stream is cut into windows of
+``shuffle_buffer`` positions and each window is permuted (seeded), so a sample
+moves by less than one window and memory stays bounded. Everything depends only
+on (manifest, seed, epoch, world size, workers): resuming at position k
+regenerates the same stream and starts at k.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from samplecache.partition import Span, row_order
+
+DEFAULT_CHUNK = 4096
+
+
+class Stream:
+    """Positions of one reader's samples, produced in chunks of (manifest index, row) arrays."""
+
+    def __init__(self, spans: Sequence[Span], shard_ids: np.ndarray, shard_rows: np.ndarray, seed: int,
+                 epoch: int, shuffle: bool, shuffle_buffer: int = 0, key: int = 0) -> None:
+        self.spans = list(spans)
+        self.ids, self.rows = shard_ids, shard_rows
+        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
+        self.window = int(shuffle_buffer) if shuffle and shuffle_buffer > 1 else 0
+        self.key = key  # tells readers apart for the window shuffle (rank * workers + worker)
+        self.lengths = np.array([len(s) for s in self.spans], dtype=np.int64)
+        self.ends = np.cumsum(self.lengths)
+        self.total = int(self.ends[-1]) if len(self.ends) else 0
+
+    def __len__(self) -> int:
+        return self.total
+
+    def _positions(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(manifest index, row) of stream positions [start, stop), before the window shuffle."""
+        idx_parts, row_parts = [], []
+        k = int(np.searchsorted(self.ends, start, side="right"))
+        pos = start
+        while pos < stop and k < len(self.spans):
+            span = self.spans[k]
+            span_start = int(self.ends[k] - self.lengths[k])
+            lo, hi = pos - span_start, min(stop, int(self.ends[k])) - span_start
+            sid = int(self.ids[span.index])
+            order = row_order(sid, int(self.rows[span.index]), self.seed, self.epoch, self.shuffle)
+            row_parts.append(order[span.start + lo:span.start + hi])
+            idx_parts.append(np.full(hi - lo, span.index, dtype=np.int64))
+            pos = span_start + hi
+            k += 1
+        if not idx_parts:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(idx_parts), np.concatenate(row_parts).astype(np.int64, copy=False)
+
+    def chunks(self, start: int = 0, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Chunks of the stream from position ``start`` on (the resume point)."""
+        if self.window:
+            w = self.window
+            first = start // w
+            for i in range(first, -(-self.total // w)):
+                a, b = i * w, min(self.total, (i + 1) * w)
+                idx, rows = self._positions(a, b)
+                perm = np.random.default_rng([self.seed & 0xFFFFFFFF, self.epoch, 2, self.key, i]).permutation(b - a)
+                idx, rows = idx[perm], rows[perm]
+                skip = start - a if i == first else 0
+                for c in range(skip, b - a, chunk):
+                    yield idx[c:c + chunk], rows[c:c + chunk]
+            return
+        for a in range(start, self.total, chunk):
+            yield self._positions(a, min(self.total, a + chunk))
