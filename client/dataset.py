@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -22,10 +23,49 @@ PREFETCH_AT = 0.9  # fetch (and so seal) the next epoch's manifest when this muc
 
 
 def dist_rank_world() -> tuple[int, int]:
-    """(rank, world size) from torch.distributed when it is initialised, else (0, 1)."""
+    """(rank, world size) from torch.distributed when it is initialised here, else (0, 1)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+class Topology(NamedTuple):
+    """Where this reader sits: global rank/world and its rank among the ranks of its host."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world // max(1, self.local_world))
+
+
+def topology(saved: Topology | None = None) -> Topology:
+    """torch.distributed in the main process; in DataLoader workers (where it is not usable) the
+    torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), else what the main
+    process saw when the dataset was made or the loader started."""
+    if get_worker_info() is None and dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        env = _env_topology()
+        if env is not None and env.rank == rank and env.world == world:
+            return env
+        return Topology(rank, world, rank, world)
+    env = _env_topology()
+    if env is not None:
+        return env
+    return saved or Topology(0, 1, 0, 1)
+
+
+def _env_topology() -> Topology | None:
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return Topology(rank, world, local_rank, local_world)
 
 
 class EpochPlan:
@@ -88,6 +128,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self.lease = lease
         self.prefetch_next = prefetch_next
         self._clock = EpochClock(0)
+        self._topology = topology()
         self._iterations = 0
         self._plans: dict[int, EpochPlan] = {}
         self._plans_lock = threading.Lock()
@@ -134,14 +175,42 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         return self._clock.take(key)
 
     # -- splitting ----------------------------------------------------------------------------
-    def stream(self, plan: EpochPlan, rank: int, world: int, worker: int, workers: int) -> Stream:
-        """The samples (rank, worker) reads in ``plan``'s epoch, in order."""
+    def stream(self, plan: EpochPlan, topo: Topology, worker: int, workers: int) -> Stream:
+        """The samples (rank, worker) reads in ``plan``'s epoch, in order.
+
+        Each host splits its own manifest over its local ranks. With several hosts
+        (each with its own cache and manifest) every rank reads the count agreed
+        for the epoch (``agree``): the largest host count with ``pad``, the smallest
+        with ``drop``, so every rank of the job makes the same number of steps.
+        """
         order = shard_order(len(plan.ids), self.seed, plan.epoch, self.shuffle)
-        start, stop = rank_range(plan.total, rank, world, self.partial)
+        start, stop = rank_range(plan.total, topo.local_rank, topo.local_world, self.partial)
+        agreed = self._clock.agreed(plan.epoch)
+        if agreed is not None and self.partial != "uneven":
+            stop = start + agreed
         start, stop = part_range(start, stop, worker, workers)
         spans = spans_for(plan.rows, order, start, stop)
         return Stream(spans, plan.ids, plan.rows, self.seed, plan.epoch, self.shuffle, self.shuffle_buffer,
-                      key=rank * workers + worker)
+                      key=topo.rank * workers + worker)
+
+    def agree(self, epoch: int) -> int | None:
+        """Agree with every rank on this epoch's samples per rank (multi-host jobs; call in the main
+        process before iterating — SampleCacheLoader does). Returns the agreed count."""
+        topo = topology(self._topology)
+        self._topology = topo
+        if topo.nodes <= 1 or not (dist.is_available() and dist.is_initialized()) or self.partial == "uneven":
+            return None
+        plan = self.plan(epoch)
+        start, stop = rank_range(plan.total, topo.local_rank, topo.local_world, self.partial)
+        t = torch.tensor([stop - start], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if self.partial == "pad" else dist.ReduceOp.MIN)
+        agreed = int(t.item())
+        self._clock.set_agreed(epoch, agreed)
+        return agreed
+
+    def next_epoch(self) -> int:
+        """The epoch the next iteration will read."""
+        return self._clock.peek()
 
     def _start(self, epoch: int, worker: int, workers: int) -> int:
         r = self._resume
@@ -156,12 +225,13 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:
         epoch = self._next_epoch()
         plan = self.plan(epoch)
-        rank, world = dist_rank_world()
+        topo = topology(self._topology)
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        stream = self.stream(plan, rank, world, worker, workers)
+        stream = self.stream(plan, topo, worker, workers)
         start = self._start(epoch, worker, workers)
-        keeper = LeaseKeeper(self.url, epoch, self.token, holder=f"rank {rank} worker {worker}") if self.lease else None
+        keeper = (LeaseKeeper(self.url, epoch, self.token, holder=f"rank {topo.rank} worker {worker}")
+                  if self.lease else None)
         prefetch_at = int(PREFETCH_AT * stream.total) if self.prefetch_next else -1
         self._position = (epoch, start)
         try:
@@ -225,4 +295,4 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self.set_epoch(int(state["epoch"]))
 
 
-__all__ = ["SampleCacheDataset", "EpochPlan", "dist_rank_world"]
+__all__ = ["SampleCacheDataset", "EpochPlan", "Topology", "topology", "dist_rank_world"]

@@ -17,8 +17,8 @@ from typing import Any
 
 class EpochClock:
     def __init__(self, start: int = 0) -> None:
-        # [next epoch, has key, key part a, key part b]
-        self._shared: Any = mp.get_context("spawn").Array("q", [start, 0, 0, 0])
+        # [next epoch, has key, key part a, key part b, agreed epoch, agreed samples per rank]
+        self._shared: Any = mp.get_context("spawn").Array("q", [start, 0, 0, 0, -1, 0])
         self._local_next = start  # used when the shared record could not travel (pickled by hand)
 
     def set(self, epoch: int) -> None:
@@ -26,6 +26,29 @@ class EpochClock:
             with self._shared.get_lock():
                 self._shared[0], self._shared[1] = epoch, 0
         self._local_next = epoch
+
+    def peek(self) -> int:
+        """The epoch the next iteration (a new key) will read."""
+        if self._shared is None:
+            return self._local_next
+        with self._shared.get_lock():
+            return int(self._shared[0])
+
+    def set_agreed(self, epoch: int, per_rank: int) -> None:
+        self._agreed_local = (epoch, per_rank)
+        if self._shared is not None:
+            with self._shared.get_lock():
+                self._shared[4], self._shared[5] = epoch, per_rank
+
+    def agreed(self, epoch: int) -> int | None:
+        """Samples per rank agreed for ``epoch`` across hosts, if any."""
+        if self._shared is not None:
+            with self._shared.get_lock():
+                if self._shared[4] == epoch:
+                    return int(self._shared[5])
+            return None
+        got = getattr(self, "_agreed_local", None)
+        return got[1] if got and got[0] == epoch else None
 
     def current(self) -> int | None:
         """The epoch of the latest iteration, if one has started."""

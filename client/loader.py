@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
-from samplecache.dataset import SampleCacheDataset, dist_rank_world
+from samplecache.dataset import SampleCacheDataset, topology
 
 
 def per_worker_items(items: list[int], taken: int) -> list[int]:
@@ -46,6 +46,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
         resume = ds._resume
+        ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
         it = super().__iter__()
         self._taken = 0
         self._epoch = None
@@ -65,7 +66,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             return {"epoch": epoch if epoch is not None else 0, "skip": [0] * self._workers(), "seed": ds.seed,
                     "shuffle": ds.shuffle, "batches": 0}
         plan = ds.plan(self._epoch)
-        rank, world = dist_rank_world()
+        topo = topology(ds._topology)
         w = self._workers()
         base = self._base or [0] * w
         per_item = ds.batch_size or 1
@@ -73,11 +74,11 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             per_item *= self.batch_size
         items = []
         for i in range(w):
-            left = ds.stream(plan, rank, world, i, w).total - base[i]
+            left = ds.stream(plan, topo, i, w).total - base[i]
             whole, part = divmod(left, per_item)
             items.append(whole + (1 if part and not self._drops_last() else 0))
         got = per_worker_items(items, self._taken)
-        skip = [min(b + g * per_item, ds.stream(plan, rank, world, i, w).total) for i, (b, g) in enumerate(zip(base, got))]
+        skip = [min(b + g * per_item, ds.stream(plan, topo, i, w).total) for i, (b, g) in enumerate(zip(base, got))]
         return {"epoch": self._epoch, "skip": skip, "seed": ds.seed, "shuffle": ds.shuffle, "batches": self._taken}
 
     def _drops_last(self) -> bool:
