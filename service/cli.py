@@ -31,7 +31,6 @@ def _serve_parser(sub: Any) -> None:
     for name, field in Settings.model_fields.items():
         kw: dict[str, Any] = {"dest": name, "default": None, "help": field.description}
         if name == "storage_options":
-            kw["type"] = json.loads
             kw["metavar"] = "JSON"
         p.add_argument(_flag(name), **kw)
 

@@ -79,16 +79,21 @@ class Planner:
         self.units = [u for u in units if node_of(u, num_nodes) == node_rank]
         self._lock = threading.Lock()
         self.cycle, self.low, self.ahead, self.segments = 0, 0, set(), [len(self.units)]
+        self.cycle_seed = seed
         if cursor and "segments" in cursor:
             planned = sum(cursor["segments"])
-            if planned <= len(self.units) and cursor.get("digest") == digest(self.units[:planned]):
+            same_split = (cursor.get("node_rank", 0), cursor.get("num_nodes", 1)) == (node_rank, num_nodes)
+            if same_split and planned <= len(self.units) and cursor.get("digest") == digest(self.units[:planned]):
+                # the pass in progress keeps the order it started with, even if --seed changed since
+                self.cycle_seed = int(cursor.get("seed", seed))
                 self.cycle = int(cursor["cycle"])
                 self.low = int(cursor["low"])
                 self.ahead = set(int(p) for p in cursor.get("ahead", ()))
                 self.segments = [int(n) for n in cursor["segments"]]
                 if planned < len(self.units):
                     self.segments.append(len(self.units) - planned)
-        self._order = segment_order(self.segments, seed, node_rank, self.cycle)
+        self._order = segment_order(self.segments, self.cycle_seed, node_rank, self.cycle)
+        self._first_pass_units = self.segments[0] if self.cycle > 0 else 0
         self._next = self.low
         self._handed: set[int] = set()
         self._retry: list[int] = []
@@ -104,7 +109,7 @@ class Planner:
             if mine:
                 self.units.extend(mine)
                 self.segments.append(len(mine))
-                self._order = segment_order(self.segments, self.seed, self.node_rank, self.cycle)
+                self._order = segment_order(self.segments, self.cycle_seed, self.node_rank, self.cycle)
         return len(mine)
 
     def next(self) -> Pick | None:
@@ -127,10 +132,12 @@ class Planner:
             return Pick(self.cycle, pos, self.units[self._order[pos]])
 
     def _new_cycle(self) -> None:
+        self._first_pass_units = len(self.units)
+        self.cycle_seed = self.seed
         self.cycle += 1
         self.low, self.ahead, self._next = 0, set(), 0
         self.segments = [len(self.units)]
-        self._order = segment_order(self.segments, self.seed, self.node_rank, self.cycle)
+        self._order = segment_order(self.segments, self.cycle_seed, self.node_rank, self.cycle)
 
     def retry(self, pick: Pick) -> None:
         """Hand ``pick`` out again later (a transient failure)."""
@@ -141,7 +148,8 @@ class Planner:
     def _cursor(self, low: int, ahead: set[int]) -> dict[str, Any]:
         planned = sum(self.segments)
         return {"cycle": self.cycle, "low": low, "ahead": sorted(ahead), "segments": list(self.segments),
-                "digest": digest(self.units[:planned])}
+                "digest": digest(self.units[:planned]), "seed": self.cycle_seed, "node_rank": self.node_rank,
+                "num_nodes": self.num_nodes}
 
     def cursor_after(self, cycle: int, position: int) -> dict[str, Any]:
         """The cursor once ``position`` of ``cycle`` is done (pure: nothing changes)."""
@@ -172,12 +180,13 @@ class Planner:
         """Fraction of this node's units and rows sampled at least once."""
         with self._lock:
             total_rows = sum(u.rows for u in self.units)
-            if self.cycle > 0:
-                done_units, done_rows = len(self.units), total_rows
+            done_pos = set(range(self.low)) | self.ahead
+            if self.cycle > 0:  # a whole earlier pass covered the units planned then
+                covered = set(range(self._first_pass_units)) | {int(self._order[p]) for p in done_pos}
             else:
-                done_pos = list(range(self.low)) + list(self.ahead)
-                done_units = len(done_pos)
-                done_rows = sum(self.units[self._order[p]].rows for p in done_pos)
+                covered = {int(self._order[p]) for p in done_pos}
+            done_units = len(covered)
+            done_rows = sum(self.units[u].rows for u in covered)
             return {"cycle": self.cycle, "units": len(self.units), "units_sampled": done_units,
                     "rows": total_rows, "rows_sampled": done_rows,
                     "unit_fraction": done_units / len(self.units) if self.units else 0.0,

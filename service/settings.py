@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ByteSize, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import ByteSize, Field, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from samplecache.service.eviction import POLICIES
+
+
+_SIZE = re.compile(r"\s*\d*\.?\d+\s*[A-Za-z]*\s*")
 
 
 def default_samplers() -> int:
@@ -29,15 +34,15 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address to listen on (loopback by default)")
     port: int = Field(8750, ge=0, le=65535, description="HTTP port")
     token: str | None = Field(None, description="Bearer token required by endpoints that change state (unset: no token)")
-    storage_options: dict[str, Any] = Field(default_factory=dict, description="JSON object passed to fsspec (endpoint, credentials, ...)")
+    storage_options: Annotated[dict[str, Any], NoDecode] = Field(default_factory=dict, description="JSON object passed to fsspec (endpoint, credentials, ...)")
     columns: list[str] | None = Field(None, description="Sample only these columns (comma-separated; default: all supported)")
     seed: int = Field(0, description="Seed of the remote sampling order (and of random eviction)")
     eviction_policy: str = Field("fifo", description="Which shards make room once the budget is reached: fifo, random or lru")
     lease_ttl: float = Field(60.0, gt=0, le=3600, description="Seconds a reader's lease on an epoch lives without a heartbeat")
     epoch_max_samples: int = Field(0, ge=0, description="Cap on the samples of one epoch (0: every resident sample)")
     discover_interval: float = Field(300.0, gt=0, description="Seconds between listings of the source for new files")
-    node_rank: int = Field(0, ge=0, description="This host's part of the remote when several hosts share it")
     num_nodes: int = Field(1, ge=1, description="How many hosts split the remote's row groups between them")
+    node_rank: int = Field(0, ge=0, description="This host's part of the remote when several hosts share it")
     block_bytes: ByteSize = Field(ByteSize(2**20), description="Target size of one stored block of rows")
     epoch_wait_max: float = Field(600.0, gt=0, description="Longest wait (s) a manifest request may ask for with min_samples")
     retry_seconds: float = Field(5.0, gt=0, description="Back-off (s) after the remote is unreachable")
@@ -64,15 +69,46 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown eviction policy {v!r}; choose one of {', '.join(sorted(POLICIES))}")
         return v
 
-    @model_validator(mode="after")
-    def _check(self) -> "Settings":
-        if self.node_rank >= self.num_nodes:
-            raise ValueError(f"node_rank {self.node_rank} must be smaller than num_nodes {self.num_nodes}")
-        if self.max_bytes <= 0:
-            raise ValueError("max_bytes must be positive")
-        if self.block_bytes < 4096:
-            raise ValueError("block_bytes must be at least 4KiB")
-        return self
+    @field_validator("max_bytes", "min_free_disk", "block_bytes", mode="before")
+    @classmethod
+    def _whole_size(cls, v: Any) -> Any:
+        if isinstance(v, str) and not _SIZE.fullmatch(v):
+            raise ValueError(f"{v!r} is not a size (e.g. 500GB, 2GiB, 1.5 TiB, 1048576)")
+        return v
+
+    @field_validator("max_bytes")
+    @classmethod
+    def _positive(cls, v: ByteSize) -> ByteSize:
+        if v <= 0:
+            raise ValueError("must be positive")
+        return v
+
+    @field_validator("block_bytes")
+    @classmethod
+    def _block(cls, v: ByteSize) -> ByteSize:
+        if v < 4096:
+            raise ValueError("must be at least 4KiB")
+        return v
+
+    @field_validator("node_rank")
+    @classmethod
+    def _rank(cls, v: int, info: ValidationInfo) -> int:
+        nodes = info.data.get("num_nodes", 1)
+        if v >= nodes:
+            raise ValueError(f"must be smaller than num_nodes ({nodes})")
+        return v
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _json(cls, v: Any) -> Any:
+        if isinstance(v, (str, bytes)):
+            try:
+                v = json.loads(v)
+            except ValueError as e:
+                raise ValueError(f"not JSON: {e}") from None
+        if not isinstance(v, dict):
+            raise ValueError("must be a JSON object")
+        return v
 
     @property
     def lmdb_path(self) -> Path:

@@ -83,21 +83,26 @@ def read_staged(path: Path) -> StagedShard:
         (hlen,) = _LEN.unpack_from(mm, len(MAGIC))
         start = len(MAGIC) + _LEN.size
         header = json.loads(mm[start:start + hlen])
+        lengths = header.get("block_lengths") if isinstance(header, dict) else None
+        if not isinstance(lengths, list) or not all(isinstance(n, int) and n >= 0 for n in lengths):
+            raise StagingError(f"{path.name}: bad staging header")
         pos = start + hlen
         view = memoryview(mm)
         blocks = []
-        for n in header["block_lengths"]:
+        for n in lengths:
             if pos + n > size:
                 raise StagingError(f"{path.name}: truncated staging file")
             blocks.append(view[pos:pos + n])
             pos += n
-    except (StagingError, ValueError, KeyError) as e:
+    except (StagingError, ValueError, KeyError, TypeError) as e:
         for b in locals().get("blocks", []):
             b.release()
         if "view" in locals():
             view.release()
         mm.close()
-        raise StagingError(str(e)) from e
+        if isinstance(e, StagingError):
+            raise
+        raise StagingError(f"{path.name}: {type(e).__name__}: {e}") from e
     return StagedShard(path=path, header=header, blocks=blocks, _view=view, _mm=mm)
 
 

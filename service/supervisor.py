@@ -127,8 +127,8 @@ class Supervisor:
             log.exception("result handler failed")
 
     def _replace(self, dead: _Worker) -> None:
-        code = dead.proc.exitcode
         dead.proc.join(timeout=1)
+        code = dead.proc.exitcode
         with self._lock:
             task, dead.task = dead.task, None
             idx = self._workers.index(dead)
