@@ -19,6 +19,7 @@ from samplecache.reader import CacheReader
 from samplecache.record import Schema
 from samplecache.stream import Stream
 
+CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
 PREFETCH_AT = 0.9  # fetch (and so seal) the next epoch's manifest when this much of the stream is read
 
 
@@ -86,6 +87,8 @@ class EpochPlan:
         self.rows = np.array([s[1] for s in shards], dtype=np.int64)
         self.rows_per_block = np.array([s[3] for s in shards], dtype=np.int64)
         self.total = int(self.rows.sum())
+        sample_bytes = max(1, int(manifest.get("bytes", 0)) // max(1, self.total))
+        self.chunk = int(min(4096, max(1, CHUNK_BYTES // sample_bytes)))  # positions per read transaction
         self.reader = CacheReader(manifest["lmdb_path"], int(manifest["map_size"]), self.schema)
 
 
@@ -248,7 +251,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _samples(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
         pos = start
-        for idx, rows in stream.chunks(start):
+        for idx, rows in stream.chunks(start, chunk=plan.chunk):
             for sample in plan.reader.samples(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols):
                 pos += 1
                 yield pos, sample

@@ -75,14 +75,19 @@ class CacheReader:
         return views
 
     def samples(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int]) -> Iterator[dict[str, Any]]:
-        """Yield one dict per position, decoded to owned values."""
-        env, db = open_cache(self.path, self.map_size)
-        blocks, local = np.divmod(rows, rpbs)
-        keys = (sids << 32) | blocks
-        with _begin(env) as txn:
-            views = self._views(txn, db, keys, sids, blocks)
-            for k, i in zip(keys.tolist(), local.tolist()):
-                yield views[k].row(i, cols)
+        """Yield one dict per position. Fixed-shape columns are gathered for the whole chunk in one
+        vectorised copy; each sample's arrays are views of that (owned) chunk, so a sample costs one
+        copy and a dict, not per-field decoding."""
+        batch = self.batch(sids, rpbs, rows, cols)
+        names = list(batch)
+        columns = [batch[n] for n in names]
+        if len(names) == 2:  # the common (input, label) case, without the inner loop
+            (n0, n1), (c0, c1) = names, columns
+            for i in range(len(rows)):
+                yield {n0: c0[i], n1: c1[i]}
+            return
+        for i in range(len(rows)):
+            yield {n: c[i] for n, c in zip(names, columns)}
 
     def batch(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int]) -> dict[str, Any]:
         """One collated batch: fixed columns as (n, *shape) arrays filled by vectorised gathers, others as lists."""

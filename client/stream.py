@@ -32,6 +32,14 @@ class Stream:
         self.lengths = np.array([len(s) for s in self.spans], dtype=np.int64)
         self.ends = np.cumsum(self.lengths)
         self.total = int(self.ends[-1]) if len(self.ends) else 0
+        self._order_of: tuple[int, np.ndarray] | None = None  # the last shard's row order
+
+    def _row_order(self, index: int) -> np.ndarray:
+        """A shard's row order, kept while its spans are read (they are consecutive in a stream)."""
+        if self._order_of is None or self._order_of[0] != index:
+            sid = int(self.ids[index])
+            self._order_of = (index, row_order(sid, int(self.rows[index]), self.seed, self.epoch, self.shuffle))
+        return self._order_of[1]
 
     def __len__(self) -> int:
         return self.total
@@ -45,8 +53,7 @@ class Stream:
             span = self.spans[k]
             span_start = int(self.ends[k] - self.lengths[k])
             lo, hi = pos - span_start, min(stop, int(self.ends[k])) - span_start
-            sid = int(self.ids[span.index])
-            order = row_order(sid, int(self.rows[span.index]), self.seed, self.epoch, self.shuffle)
+            order = self._row_order(span.index)
             row_parts.append(order[span.start + lo:span.start + hi])
             idx_parts.append(np.full(hi - lo, span.index, dtype=np.int64))
             pos = span_start + hi
