@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from samplecache import __version__
 
 DEFAULT_URL = "http://127.0.0.1:8750"
+SECRET_SETTINGS = ("token", "storage_options")
 
 
 def _flag(name: str) -> str:
@@ -46,7 +47,8 @@ def _explain(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
         name = ".".join(str(p) for p in err.get("loc", ())) or "settings"
-        lines.append(f"  {_flag(name)} / SAMPLECACHE_{name.upper()}: {err.get('msg')} (got {err.get('input')!r})")
+        got = "<hidden>" if name.split(".")[0] in SECRET_SETTINGS else repr(err.get("input"))
+        lines.append(f"  {_flag(name)} / SAMPLECACHE_{name.upper()}: {err.get('msg')} (got {got})")
     return "invalid settings:\n" + "\n".join(lines)
 
 

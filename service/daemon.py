@@ -85,6 +85,7 @@ class Daemon:
         self._attempts: dict[str, int] = collections.defaultdict(int)
         self._backoff_until = 0.0
         self._held_retry_at = 0.0
+        self._retrying = 0  # held results re-submitted and not answered yet
         self._next_discovery = 0.0
         self._held: collections.deque[SampleResult] = collections.deque()  # staged, waiting for room
         self._ingests: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=4096)
@@ -251,10 +252,10 @@ class Daemon:
             if free < self.min_free_disk or time.monotonic() < self._backoff_until:
                 return self.disk_full
             self.disk_full = None
-        if self._held:
+        if self._held or self._retrying:
             pinned = sorted(self.epochs.pinned_epochs())
             return (f"budget full: every evictable shard is pinned by leases on epochs {pinned}; "
-                    f"{len(self._held)} shard(s) wait for a lease to end")
+                    f"{len(self._held) + self._retrying} shard(s) wait for a lease to end")
         if self.complete:
             return "the whole remote dataset is cached"
         if time.monotonic() < self._backoff_until:
@@ -321,21 +322,24 @@ class Daemon:
         else:
             self.planner.retry(pick)
 
-    def _ingest(self, r: SampleResult) -> None:
+    def _ingest(self, r: SampleResult, retry: bool = False) -> None:
         assert self.planner is not None and r.staged is not None
         fut = self.writer.ingest(Path(r.staged), cursor=self.planner.cursor_after, make_room=self.make_room)
-        fut.add_done_callback(lambda f: self._ingested(f, r))
+        fut.add_done_callback(lambda f: self._ingested(f, r, retry))
 
     def _retry_held(self) -> None:
         if not self._held or time.monotonic() < self._held_retry_at:
             return
         self._held_retry_at = time.monotonic() + 0.5
         for _ in range(len(self._held)):
-            self._ingest(self._held.popleft())
+            self._retrying += 1
+            self._ingest(self._held.popleft(), retry=True)
 
-    def _ingested(self, fut: Any, r: SampleResult) -> None:
+    def _ingested(self, fut: Any, r: SampleResult, retry: bool = False) -> None:
         assert self.planner is not None
         exc = fut.exception()
+        if retry:
+            self._retrying -= 1
         if isinstance(exc, NoRoom):
             self._held.append(r)  # backpressure: wait for a lease to end; the budget is never exceeded
             return
@@ -363,6 +367,10 @@ class Daemon:
         log.warning("quarantined %s: %s", path, reason)
 
     # -- leases ----------------------------------------------------------------------------------------
+    def missing_shards(self, epoch: int) -> int:
+        """How many shards of ``epoch`` are no longer resident."""
+        return sum(1 for sid in self.epochs.shard_ids(epoch) if self.catalog.shard(sid) is None)
+
     def persist_leases(self) -> None:
         self.writer.put_meta({"leases": self.leases.saved()}).result()
 

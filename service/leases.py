@@ -11,8 +11,12 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
+
+
+EXPIRED_KEPT = 10_000
 
 
 class LeaseError(Exception):
@@ -38,8 +42,24 @@ class LeaseTable:
     def __init__(self, default_ttl: float, max_ttl: float = 3600.0, clock: Any = time.time) -> None:
         self.default_ttl, self.max_ttl, self.clock = default_ttl, max_ttl, clock
         self._leases: dict[str, Lease] = {}
+        self._expired: OrderedDict[str, Lease] = OrderedDict()  # recently expired, to answer 410 not 404
         self._lock = threading.Lock()
         self.expired_total = 0
+
+    def _forget(self, lease: Lease) -> None:
+        """Move an expired lease to the bounded record of expired ones (lock held)."""
+        self._leases.pop(lease.id, None)
+        self._expired[lease.id] = lease
+        while len(self._expired) > EXPIRED_KEPT:
+            self._expired.popitem(last=False)
+        self.expired_total += 1
+
+    def _missing(self, epoch: int, lease_id: str, now: float) -> LeaseError:
+        gone = self._expired.get(lease_id)
+        if gone is not None and gone.epoch == epoch:
+            return LeaseError(410, f"lease {lease_id!r} on epoch {epoch} expired {now - gone.expires_at:.1f}s "
+                                   f"ago; its shards may be evicted: take a new lease")
+        return LeaseError(404, f"no lease {lease_id!r} on epoch {epoch} (released or never taken)")
 
     def load(self, saved: Iterable[dict[str, Any]]) -> None:
         now = self.clock()
@@ -63,14 +83,11 @@ class LeaseTable:
         now = self.clock()
         with self._lock:
             lease = self._leases.get(lease_id)
+            if lease is not None and lease.epoch == epoch and lease.expires_at <= now:
+                self._forget(lease)
+            lease = self._leases.get(lease_id)
             if lease is None or lease.epoch != epoch:
-                raise LeaseError(404, f"no lease {lease_id!r} on epoch {epoch} (released, expired and "
-                                      f"collected, or never taken): take a new one")
-            if lease.expires_at <= now:
-                del self._leases[lease_id]
-                self.expired_total += 1
-                raise LeaseError(410, f"lease {lease_id!r} on epoch {epoch} expired "
-                                      f"{now - lease.expires_at:.1f}s ago; its shards may be evicted")
+                raise self._missing(epoch, lease_id, now)
             lease.expires_at = now + lease.ttl
             return lease
 
@@ -78,7 +95,7 @@ class LeaseTable:
         with self._lock:
             lease = self._leases.get(lease_id)
             if lease is None or lease.epoch != epoch:
-                raise LeaseError(404, f"no lease {lease_id!r} on epoch {epoch}")
+                raise self._missing(epoch, lease_id, self.clock())
             return self._leases.pop(lease_id)
 
     def expire(self) -> list[Lease]:
@@ -87,8 +104,7 @@ class LeaseTable:
         with self._lock:
             gone = [l for l in self._leases.values() if l.expires_at <= now]
             for lease in gone:
-                del self._leases[lease.id]
-            self.expired_total += len(gone)
+                self._forget(lease)
         return gone
 
     def live(self) -> list[Lease]:

@@ -18,7 +18,7 @@ class Health(BaseModel):
 class EpochSummary(BaseModel):
     epoch: int
     samples: int
-    new_samples: int = Field(description="Samples more than the previous epoch had")
+    new_samples: int = Field(description="Samples in shards the previous epoch did not have")
     shards: int
     bytes: int
     sealed_at: float

@@ -30,6 +30,7 @@ async def shards(d: DaemonDep, offset: Annotated[int, Query(ge=0)] = 0,
 
 
 def _control(d: Any) -> dict[str, Any]:
+    d.paused_reason = d._why_not_sample() if d.planner is not None else d.paused_reason
     return {"paused": d.user_paused, "state": d.sampler_state()}
 
 

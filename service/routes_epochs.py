@@ -51,6 +51,12 @@ async def take_lease(d: DaemonDep, epoch: Epoch, body: LeaseIn | None = None) ->
         lease = d.leases.take(epoch, body.ttl, body.holder)
     except LeaseError as e:
         raise _lease_error(e) from None
+    # Checked on the writer thread, after any eviction already under way: from here on the lease pins them.
+    missing = await asyncio.wrap_future(d.writer.submit(lambda txn: d.missing_shards(epoch)))
+    if missing:
+        d.leases.release(epoch, lease.id)
+        raise HTTPException(410, f"epoch {epoch} can no longer be read: {missing} of its shards were evicted "
+                                 f"(it had no live lease); read a newer epoch")
     await asyncio.to_thread(d.persist_leases)
     return lease.to_json()
 

@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     token: str | None = Field(None, description="Bearer token required by endpoints that change state (unset: no token)")
     storage_options: Annotated[dict[str, Any], NoDecode] = Field(default_factory=dict, description="JSON object passed to fsspec (endpoint, credentials, ...)")
     columns: list[str] | None = Field(None, description="Sample only these columns (comma-separated; default: all supported)")
-    seed: int = Field(0, description="Seed of the remote sampling order (and of random eviction)")
+    seed: int = Field(0, ge=0, description="Seed of the remote sampling order (and of random eviction)")
     eviction_policy: str = Field("fifo", description="Which shards make room once the budget is reached: fifo, random or lru")
     lease_ttl: float = Field(60.0, gt=0, le=3600, description="Seconds a reader's lease on an epoch lives without a heartbeat")
     epoch_max_samples: int = Field(0, ge=0, description="Cap on the samples of one epoch (0: every resident sample)")

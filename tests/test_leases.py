@@ -1,0 +1,287 @@
+"""LeaseTable with a fake clock (take / heartbeat / release / expiry / reload), and the epoch cap of
+``select_shards`` (a seeded subset of the resident shards)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from samplecache.service.catalog import Shard
+from samplecache.service.epochs import select_shards
+from samplecache.service.leases import Lease, LeaseError, LeaseTable
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def table(clock: FakeClock) -> LeaseTable:
+    return LeaseTable(default_ttl=10.0, max_ttl=100.0, clock=clock)
+
+
+# ---------------------------------------------------------------------------------------------- take
+def test_take_gives_a_lease_with_the_default_ttl(table: LeaseTable, clock: FakeClock) -> None:
+    lease = table.take(3, holder="host pid 1")
+    assert isinstance(lease, Lease)
+    assert lease.epoch == 3 and lease.ttl == 10.0 and lease.holder == "host pid 1"
+    assert lease.created_at == clock.now and lease.expires_at == clock.now + 10.0
+    assert lease.id and all(c in "0123456789abcdef" for c in lease.id)
+    assert table.live() == [lease]
+    assert table.epochs() == {3}
+    assert lease.to_json() == {"id": lease.id, "epoch": 3, "ttl": 10.0, "expires_at": clock.now + 10.0,
+                               "created_at": clock.now, "holder": "host pid 1"}
+
+
+def test_take_with_an_explicit_ttl(table: LeaseTable, clock: FakeClock) -> None:
+    lease = table.take(0, ttl=2.5)
+    assert lease.ttl == 2.5 and lease.expires_at == clock.now + 2.5
+    assert table.take(0, ttl=100.0).ttl == 100.0  # max_ttl itself is allowed
+
+
+def test_lease_ids_are_unique(table: LeaseTable) -> None:
+    ids = {table.take(0).id for _ in range(200)}
+    assert len(ids) == 200
+
+
+@pytest.mark.parametrize("ttl", [0.0, -1.0, 100.0001, 1e9, math.inf, -math.inf, math.nan])
+def test_bad_ttl_is_422(table: LeaseTable, ttl: float) -> None:
+    with pytest.raises(LeaseError) as e:
+        table.take(0, ttl=ttl)
+    assert e.value.status == 422
+    assert "ttl" in e.value.message
+    assert table.live() == []
+
+
+# ---------------------------------------------------------------------------------------------- heartbeat
+def test_heartbeat_extends_by_the_ttl(table: LeaseTable, clock: FakeClock) -> None:
+    lease = table.take(1, ttl=5.0)
+    for _ in range(10):  # far longer than one TTL in total, but never 5 s without a heartbeat
+        clock.advance(4.0)
+        got = table.heartbeat(1, lease.id)
+        assert got.id == lease.id and got.expires_at == clock.now + 5.0
+        assert table.expire() == []
+    assert [l.id for l in table.live()] == [lease.id]
+
+
+def test_expiry_after_ttl_without_heartbeat(table: LeaseTable, clock: FakeClock) -> None:
+    short = table.take(1, ttl=5.0)
+    long = table.take(2, ttl=50.0)
+    clock.advance(4.999)
+    assert {l.id for l in table.live()} == {short.id, long.id}
+    assert table.epochs() == {1, 2}
+    clock.advance(0.001)  # exactly at expires_at: gone
+    assert [l.id for l in table.live()] == [long.id]
+    assert table.epochs() == {2}
+    gone = table.expire()
+    assert [l.id for l in gone] == [short.id]
+    assert table.expired_total == 1
+    assert table.expire() == []
+    assert [d["id"] for d in table.saved()] == [long.id]
+
+
+def test_heartbeat_after_expiry_is_410(table: LeaseTable, clock: FakeClock) -> None:
+    lease = table.take(1, ttl=5.0)
+    clock.advance(7.0)
+    with pytest.raises(LeaseError) as e:
+        table.heartbeat(1, lease.id)
+    assert e.value.status == 410
+    assert "expired" in e.value.message
+    assert table.expired_total == 1
+    assert table.live() == [] and table.saved() == []
+
+
+def test_heartbeat_after_expiry_is_410_even_once_collected(table: LeaseTable, clock: FakeClock) -> None:
+    lease = table.take(1, ttl=5.0)
+    clock.advance(7.0)
+    assert [l.id for l in table.expire()] == [lease.id]  # what Daemon._expire_leases does every loop
+    with pytest.raises(LeaseError) as e:
+        table.heartbeat(1, lease.id)
+    assert e.value.status == 410
+
+
+def test_unknown_lease_is_404(table: LeaseTable) -> None:
+    lease = table.take(1)
+    for epoch, lid in ((1, "deadbeef"), (2, lease.id)):  # unknown id; right id, wrong epoch
+        with pytest.raises(LeaseError) as e:
+            table.heartbeat(epoch, lid)
+        assert e.value.status == 404 and lid in e.value.message
+        with pytest.raises(LeaseError) as e:
+            table.release(epoch, lid)
+        assert e.value.status == 404
+    assert [l.id for l in table.live()] == [lease.id]  # untouched by the failed calls
+
+
+# ---------------------------------------------------------------------------------------------- release
+def test_release_ends_the_lease(table: LeaseTable) -> None:
+    a, b = table.take(4), table.take(4)
+    assert table.release(4, a.id).id == a.id
+    assert [l.id for l in table.live()] == [b.id]
+    assert table.epochs() == {4}  # still leased by b
+    with pytest.raises(LeaseError) as e:  # a second release
+        table.release(4, a.id)
+    assert e.value.status == 404
+    with pytest.raises(LeaseError) as e:  # and a heartbeat of a released lease
+        table.heartbeat(4, a.id)
+    assert e.value.status == 404
+    table.release(4, b.id)
+    assert table.epochs() == set() and table.saved() == []
+    assert table.expired_total == 0  # releases are not expiries
+
+
+def test_epochs_of_live_leases_only(table: LeaseTable, clock: FakeClock) -> None:
+    table.take(0, ttl=1.0)
+    table.take(1, ttl=3.0)
+    table.take(1, ttl=9.0)
+    table.take(2, ttl=5.0)
+    assert table.epochs() == {0, 1, 2}
+    clock.advance(2.0)
+    assert table.epochs() == {1, 2}
+    clock.advance(2.0)
+    assert table.epochs() == {1, 2}  # epoch 1 still has its 9 s lease
+    clock.advance(2.0)
+    assert table.epochs() == {1}
+    clock.advance(3.0)
+    assert table.epochs() == set()
+
+
+# ---------------------------------------------------------------------------------------------- persistence
+def test_load_gives_saved_leases_a_fresh_ttl(clock: FakeClock) -> None:
+    before = LeaseTable(default_ttl=10.0, clock=clock)
+    a = before.take(5, ttl=8.0, holder="rank 0")
+    b = before.take(6, ttl=30.0)
+    saved = before.saved()
+    assert sorted(d["id"] for d in saved) == sorted([a.id, b.id])
+
+    clock.advance(1000.0)  # the daemon was down far longer than any TTL
+    after = LeaseTable(default_ttl=10.0, clock=clock)
+    after.load(saved)
+    live = {l.id: l for l in after.live()}
+    assert set(live) == {a.id, b.id}
+    assert live[a.id].expires_at == clock.now + 8.0 and live[a.id].holder == "rank 0"
+    assert live[b.id].expires_at == clock.now + 30.0
+    assert after.epochs() == {5, 6}
+    # heartbeats and releases work on reloaded leases; without heartbeats they expire after their own TTL
+    after.heartbeat(5, a.id)
+    clock.advance(9.0)
+    assert after.epochs() == {6}
+    after.release(6, b.id)
+    assert after.epochs() == set()
+
+
+def test_saved_round_trips_through_json(table: LeaseTable) -> None:
+    import json
+
+    table.take(1, holder="h")
+    raw = json.dumps(table.saved())
+    other = LeaseTable(default_ttl=10.0, clock=table.clock)
+    other.load(json.loads(raw))
+    assert [l.to_json() for l in other.live()] == [l.to_json() for l in table.live()]
+
+
+# ---------------------------------------------------------------------------------------------- property
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["take", "beat", "release", "tick"]), st.integers(0, 3),
+                          st.floats(0.1, 20.0)), max_size=60))
+def test_live_leases_match_a_model(ops: list[tuple[str, int, float]]) -> None:
+    """Random take/heartbeat/release/clock steps against a dict model of expiry times."""
+    clock = FakeClock()
+    table = LeaseTable(default_ttl=5.0, max_ttl=20.0, clock=clock)
+    model: dict[str, tuple[int, float, float]] = {}  # id -> (epoch, ttl, expires_at)
+    for op, k, x in ops:
+        if op == "take":
+            lease = table.take(k, ttl=x)
+            model[lease.id] = (k, x, clock.now + x)
+        elif op == "tick":
+            clock.advance(x)
+        elif model:
+            lid = sorted(model)[k % len(model)]
+            epoch, ttl, exp = model[lid]
+            if op == "beat":
+                if exp <= clock.now:
+                    with pytest.raises(LeaseError) as e:
+                        table.heartbeat(epoch, lid)
+                    assert e.value.status == 410
+                    del model[lid]
+                else:
+                    table.heartbeat(epoch, lid)
+                    model[lid] = (epoch, ttl, clock.now + ttl)
+            else:
+                table.release(epoch, lid)
+                del model[lid]
+        live = {l.id for l in table.live()}
+        assert live == {lid for lid, (_, _, exp) in model.items() if exp > clock.now}
+        assert table.epochs() == {e for lid, (e, _, exp) in model.items() if exp > clock.now}
+
+
+# ---------------------------------------------------------------------------------------------- epoch cap
+def shard(sid: int, rows: int) -> Shard:
+    return Shard(id=sid, key=f"c0-u{sid}", path=f"p{sid % 3}.parquet", row_group=sid, unit=sid, cycle=0, rows=rows,
+                 bytes=rows * 100, rows_per_block=rows, blocks=1, created=0.0)
+
+
+@st.composite
+def resident(draw: st.DrawFn) -> list[Shard]:
+    rows = draw(st.lists(st.integers(1, 500), min_size=1, max_size=40))
+    ids = sorted(draw(st.lists(st.integers(1, 10**6), min_size=len(rows), max_size=len(rows), unique=True)))
+    return [shard(i, r) for i, r in zip(ids, rows)]
+
+
+def test_select_without_a_cap_is_every_shard() -> None:
+    shards = [shard(i, 10) for i in range(1, 8)]
+    assert select_shards(shards, 0, seed=1, epoch=0) == shards
+    assert select_shards(shards, -5, seed=1, epoch=0) == shards
+    assert select_shards(shards, 70, seed=1, epoch=0) == shards  # exactly at the cap
+    assert select_shards(shards, 10**9, seed=1, epoch=0) == shards
+    assert select_shards([], 5, seed=1, epoch=0) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(resident(), st.integers(1, 5000), st.integers(0, 2**31), st.integers(0, 1000))
+def test_select_with_a_cap(shards: list[Shard], cap: int, seed: int, epoch: int) -> None:
+    got = select_shards(shards, cap, seed, epoch)
+    total = sum(s.rows for s in shards)
+    if total <= cap:
+        assert got == shards
+        return
+    ids = [s.id for s in got]
+    assert got, "a capped epoch has at least one shard"
+    assert ids == sorted(ids) and len(set(ids)) == len(ids), "id (= age) order, no repeats"
+    assert set(ids) <= {s.id for s in shards}
+    rows = sum(s.rows for s in got)
+    assert rows <= cap or len(got) == 1, f"{rows} rows > cap {cap} with {len(got)} shards"
+    # greedy: every shard left out would have pushed the epoch over the cap
+    left_out = [s for s in shards if s.id not in set(ids)]
+    assert all(rows + s.rows > cap for s in left_out)
+    # seeded: the same (seed, epoch) gives the same subset
+    assert select_shards(list(shards), cap, seed, epoch) == got
+
+
+def test_select_with_a_cap_varies_by_epoch_and_seed() -> None:
+    shards = [shard(i, 10) for i in range(1, 41)]
+    subsets = {tuple(s.id for s in select_shards(shards, 100, seed=0, epoch=e)) for e in range(10)}
+    assert len(subsets) > 5
+    assert all(len(s) == 10 for s in subsets)
+    by_seed = {tuple(s.id for s in select_shards(shards, 100, seed=k, epoch=0)) for k in range(10)}
+    assert len(by_seed) > 5
+
+
+def test_select_with_a_cap_smaller_than_any_shard_keeps_one() -> None:
+    shards = [shard(i, 100) for i in range(1, 6)]
+    got = select_shards(shards, 10, seed=3, epoch=2)
+    assert len(got) == 1 and got[0] in shards
