@@ -144,6 +144,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
         self._clock.set(int(epoch))
+        if get_worker_info() is None:
+            self.agree(int(epoch))  # several hosts: agree on the epoch's length (every rank calls set_epoch)
 
     def current_epoch(self) -> int | None:
         """The epoch the latest iteration (in any worker) read, if known."""
@@ -191,6 +193,11 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         agreed = self._clock.agreed(plan.epoch)
         if agreed is not None and self.partial != "uneven":
             stop = start + agreed
+        elif topo.nodes > 1 and self.partial != "uneven":
+            raise RuntimeError(
+                f"this job spans {topo.nodes} hosts, each with its own cache, so ranks must agree on the length "
+                f"of epoch {plan.epoch}: call ds.set_epoch(epoch) on every rank before each epoch (after "
+                f"init_process_group), or iterate with samplecache.SampleCacheLoader")
         start, stop = part_range(start, stop, worker, workers)
         spans = spans_for(plan.rows, order, start, stop)
         return Stream(spans, plan.ids, plan.rows, self.seed, plan.epoch, self.shuffle, self.shuffle_buffer,

@@ -46,7 +46,8 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
         resume = ds._resume
-        ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
+        if ds._clock.agreed(ds.next_epoch()) is None:
+            ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
         it = super().__iter__()
         self._taken = 0
         self._epoch = None

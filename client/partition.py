@@ -7,7 +7,9 @@ with locality and every sample is delivered exactly once. ``partial`` says what
 to do when the total does not divide by the world size:
 
 * ``"pad"``  every rank gets ceil(total / world) samples; the missing ones repeat
-  the start of the sequence (at most world - 1 repeats);
+  the start of the sequence (at most world - 1 repeats on one host; a job over
+  several hosts, each with its own manifest, pads every host up to the largest
+  host's count);
 * ``"drop"`` every rank gets floor(total / world); the tail (< world samples) is dropped;
 * ``"uneven"`` exact split, ranks may differ by one sample (never use with DDP).
 """

@@ -6,5 +6,9 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
   # the unit-file tests use systemd-analyze (Debian package systemd)
   (apt-get update -qq && apt-get install -y -qq systemd >/dev/null) || echo "warning: could not install systemd" >&2
 fi
+if ! command -v ip >/dev/null 2>&1; then
+  # tests/test_multinode.py makes network namespaces (Debian package iproute2)
+  (apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null) || echo "warning: could not install iproute2" >&2
+fi
 bash scripts/setup.sh test
 exec .venv/bin/python -m pytest -q "$@"
