@@ -551,12 +551,8 @@ def test_drop_delivers_no_sample_twice_within_a_hosts_epoch(cluster: Cluster) ->
             assert len(got) == min(sizes) and set(got) <= host_samples(cluster, node), (node, epoch, len(got))
 
 
-README_BUG = ("SampleCacheDataset with the README's plain DataLoader + set_epoch() never agrees on the epoch's "
-              "length across hosts (only SampleCacheLoader.__iter__ calls agree()): hosts with different epoch "
-              "sizes run different step counts and DDP hangs")
-
-
 def test_readme_loop_gives_every_rank_the_same_steps(cluster: Cluster) -> None:
+    """The README's plain DataLoader + set_epoch() loop: set_epoch agrees on the epoch length across hosts."""
     ready(cluster)
     report = trainer_report(cluster)
     if sorted(cluster.records) != list(range(NODES)) or any(
