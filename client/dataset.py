@@ -18,6 +18,7 @@ from samplecache.partition import PARTIAL, part_range, rank_range, shard_order, 
 from samplecache.reader import CacheReader
 from samplecache.record import Schema
 from samplecache.stream import Stream
+from samplecache.transport import Ring, ring_batch
 
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
 PREFETCH_AT = 0.9  # fetch (and so seal) the next epoch's manifest when this much of the stream is read
@@ -136,6 +137,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self._plans: dict[int, EpochPlan] = {}
         self._plans_lock = threading.Lock()
         self._resume: dict[str, Any] | None = None
+        self._ring: Ring | None = None  # set by SampleCacheLoader before its workers fork
         self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
 
     # -- epochs ----------------------------------------------------------------------------
@@ -287,9 +289,25 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
             pos += len(idx)
             yield pos, self._collate(plan, idx, rows)
 
-    def _collate(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray) -> dict[str, Any]:
-        batch = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols)
-        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    def _collate(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray) -> Any:
+        def produce(alloc: Any = None) -> dict[str, Any]:
+            batch = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, alloc)
+            return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+
+        info = get_worker_info()
+        if self._ring is not None and info is not None and self.transform is None:
+            return ring_batch(self._ring, info.id, produce)  # the trainer copies it out (SampleCacheLoader)
+        return produce()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_ring"] = None  # only forked workers share the ring (inherited, never pickled)
+        state["_plans_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._plans_lock = threading.Lock()
 
     # -- resuming (in-process iteration; with DataLoader workers use SampleCacheLoader) ---------------
     def state_dict(self) -> dict[str, Any]:

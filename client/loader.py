@@ -10,11 +10,13 @@ none skipped.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
 from samplecache.dataset import SampleCacheDataset, topology
+from samplecache.transport import Ring, materialize
 
 
 def per_worker_items(items: list[int], taken: int) -> list[int]:
@@ -32,10 +34,13 @@ def per_worker_items(items: list[int], taken: int) -> list[int]:
 class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
     """A ``DataLoader`` over a ``SampleCacheDataset`` with ``state_dict()`` / ``load_state_dict()``."""
 
-    def __init__(self, dataset: SampleCacheDataset, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, dataset: SampleCacheDataset, *args: Any, transport: bool = True, **kwargs: Any) -> None:
+        """``transport``: move the batched path's batches through a reused shared-memory ring."""
         if kwargs.get("in_order") is False:
             raise ValueError("SampleCacheLoader needs in_order=True to know which worker made a batch")
         super().__init__(dataset, *args, **kwargs)
+        self.transport = transport
+        self._ring: Ring | None = None
         self._taken = 0
         self._base: list[int] | None = None  # per-worker samples already consumed before this iteration
         self._epoch: int | None = None
@@ -43,11 +48,26 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
     def _workers(self) -> int:
         return max(1, self.num_workers)
 
+    def _ring_for(self, ds: SampleCacheDataset) -> Ring | None:
+        """A shared-memory ring for the batched path with forked workers (else None)."""
+        ctx = self.multiprocessing_context
+        method = ctx.get_start_method() if ctx is not None else mp.get_start_method()
+        if not self.transport or self.num_workers == 0 or method != "fork" or not ds.batch_size \
+                or ds.transform is not None:
+            return None
+        if self._ring is None:
+            plan = ds.plan(ds.next_epoch())
+            per_sample = max(1, int(plan.manifest.get("bytes", 0)) // max(1, plan.total))
+            slot = int(per_sample * ds.batch_size * 1.25) + 64 * (len(plan.cols) + 1) + 4096
+            self._ring = Ring(self.num_workers, (self.prefetch_factor or 2) + 2, slot)
+        return self._ring
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
         resume = ds._resume
         if ds._clock.agreed(ds.next_epoch()) is None:
             ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
+        ds._ring = self._ring_for(ds)
         it = super().__iter__()
         self._taken = 0
         self._epoch = None
@@ -56,7 +76,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             if self._epoch is None:
                 self._epoch = ds.current_epoch()
             self._taken += 1
-            yield batch
+            yield materialize(batch)
         ds._resume = None
 
     def state_dict(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import lmdb
 import numpy as np
@@ -89,8 +89,11 @@ class CacheReader:
         for i in range(len(rows)):
             yield {n: c[i] for n, c in zip(names, columns)}
 
-    def batch(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int]) -> dict[str, Any]:
-        """One collated batch: fixed columns as (n, *shape) arrays filled by vectorised gathers, others as lists."""
+    def batch(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int],
+              alloc: Callable[[str, tuple[int, ...], np.dtype], np.ndarray | None] | None = None) -> dict[str, Any]:
+        """One collated batch: fixed columns as (n, *shape) arrays filled by vectorised gathers, others as lists.
+
+        ``alloc(name, shape, dtype)`` may supply the output arrays (e.g. in shared memory)."""
         env, db = open_cache(self.path, self.map_size)
         n = len(rows)
         blocks, local = np.divmod(rows, rpbs)
@@ -99,14 +102,25 @@ class CacheReader:
         out: dict[str, Any] = {}
         with _begin(env) as txn:
             views = self._views(txn, db, uniq, sids[first], blocks[first])
-            groups = [np.flatnonzero(inverse == u) for u in range(len(uniq))] if len(uniq) > 1 else [np.arange(n)]
+            if len(uniq) == 1:
+                groups = [np.arange(n)]
+            elif len(uniq) == n:
+                groups = [np.array([j]) for j in np.argsort(inverse)]
+            else:
+                groups = [np.flatnonzero(inverse == u) for u in range(len(uniq))]
             for ci in cols:
                 col = self.schema.columns[ci]
                 name = col.name
                 if col.kind == "fixed" and not _has_nulls(views, ci):
-                    arr = np.empty((n,) + col.shape, dtype=np.dtype(col.dtype or "<f4"))
+                    shape, dtype = (n,) + col.shape, np.dtype(col.dtype or "<f4")
+                    arr = alloc(name, shape, dtype) if alloc is not None else None
+                    if arr is None:
+                        arr = np.empty(shape, dtype)
                     if len(groups) == 1:  # one block: a single gather straight into the batch
                         np.take(views[int(uniq[0])].column_array(ci), local, axis=0, out=arr)
+                    elif len(groups) == n:  # a block per sample (large samples): one copy each
+                        for j, u in enumerate(inverse.tolist()):
+                            arr[j] = views[int(uniq[u])].column_array(ci)[local[j]]
                     else:
                         for u, sel in zip(uniq.tolist(), groups):
                             arr[sel] = views[u].column_array(ci)[local[sel]]

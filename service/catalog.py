@@ -74,6 +74,7 @@ class Catalog:
         self.resident_bytes = 0
         self.resident_rows = 0
         self._units: Counter[tuple[str, int]] = Counter()
+        self.files_version = 0
         self._load()
 
     def _load(self) -> None:
@@ -186,3 +187,8 @@ class Catalog:
     def set_file(self, path: str, info: dict[str, Any]) -> None:
         with self._lock:
             self._state.files[path] = info
+            self.files_version += 1
+
+    def file(self, path: str) -> dict[str, Any]:
+        with self._lock:
+            return self._state.files.get(path, {})

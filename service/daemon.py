@@ -82,6 +82,8 @@ class Daemon:
         self.remote_errors = 0
         self.evicted_shards = 0
         self._skips = 0
+        self._quarantined_units = 0  # this node's units in quarantined files
+        self._files_seen = -1
         self._attempts: dict[str, int] = collections.defaultdict(int)
         self._backoff_until = 0.0
         self._held_retry_at = 0.0
@@ -243,7 +245,7 @@ class Daemon:
 
     def _why_not_sample(self) -> str | None:
         assert self.planner is not None
-        if self.complete and self.catalog.resident_units() < len(self.planner):
+        if self.complete and self.catalog.resident_units() + self._quarantined_units < len(self.planner):
             self.complete, self._skips = False, 0
         if self.user_paused:
             return "paused by request"
@@ -267,6 +269,9 @@ class Daemon:
 
     def _fill(self) -> None:
         assert self.planner is not None and self.schema is not None
+        if self._files_seen != self.catalog.files_version:
+            self._files_seen = self.catalog.files_version
+            self._quarantined_units = sum(1 for u in self.planner.units if self.catalog.file(u.path).get("quarantined"))
         self.paused_reason = self._why_not_sample()
         if self.paused_reason is not None:
             return
@@ -275,11 +280,11 @@ class Daemon:
             pick = self.planner.next()
             if pick is None:
                 return
-            if self.catalog.files().get(pick.unit.path, {}).get("quarantined"):
-                self._finish(pick)
-                continue
-            if self.catalog.unit_resident(pick.unit.path, pick.unit.row_group):
-                # still cached from an earlier pass: sampling it again would only duplicate samples
+            settled = self.catalog.unit_resident(pick.unit.path, pick.unit.row_group) or \
+                self.catalog.file(pick.unit.path).get("quarantined")
+            if settled:
+                # still cached from an earlier pass (sampling it again would only duplicate samples),
+                # or its file is quarantined
                 self.planner.done(pick.cycle, pick.position)
                 self._skips += 1
                 if self._skips >= len(self.planner):
@@ -363,7 +368,7 @@ class Daemon:
             self._ingests.append((time.time(), done.shard.rows, done.shard.bytes))
 
     def quarantine(self, path: str, reason: str) -> None:
-        self.writer.put_files({path: quarantined(reason, self.catalog.files().get(path))})
+        self.writer.put_files({path: quarantined(reason, self.catalog.file(path))})
         log.warning("quarantined %s: %s", path, reason)
 
     # -- leases ----------------------------------------------------------------------------------------
