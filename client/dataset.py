@@ -15,7 +15,8 @@ from samplecache.daemon_api import DaemonError, fetch_manifest
 from samplecache.epoch_clock import EpochClock
 from samplecache.lease import LeaseKeeper
 from samplecache.partition import PARTIAL, part_range, rank_range, shard_order, spans_for
-from samplecache.reader import CacheReader
+from samplecache.prefetch import prefetched
+from samplecache.reader import CacheReader, split_batch
 from samplecache.record import Schema
 from samplecache.stream import Stream
 from samplecache.transport import Ring, ring_batch
@@ -110,7 +111,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
                  transform: Callable[[Any], Any] | None = None, shuffle: bool = True, seed: int = 0,
                  *, batch_size: int | None = None, drop_last: bool = False, shuffle_buffer: int = 0,
                  partial: str = "pad", min_samples: int = 1, wait: float = 60.0, token: str | None = None,
-                 retries: int = 5, lease: bool = True, prefetch_next: bool = True) -> None:
+                 retries: int = 5, lease: bool = True, prefetch_next: bool = True, prefetch: int = 2) -> None:
         super().__init__()
         if partial not in PARTIAL:
             raise ValueError(f"partial must be one of {PARTIAL}, not {partial!r}")
@@ -131,6 +132,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self.retries = retries
         self.lease = lease
         self.prefetch_next = prefetch_next
+        self.prefetch = int(prefetch)
         self._clock = EpochClock(0)
         self._topology = topology()
         self._iterations = 0
@@ -258,14 +260,23 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
             if keeper is not None:
                 keeper.release()
 
+    def _ahead(self) -> int:
+        """Chunks or batches read ahead by a thread: in-process reading only (workers are ahead already)."""
+        return self.prefetch if get_worker_info() is None else 0
+
     def _samples(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
         pos = start
-        for idx, rows in stream.chunks(start, chunk=plan.chunk):
-            for sample in plan.reader.samples(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols):
+        chunks = (plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols)
+                  for idx, rows in stream.chunks(start, chunk=plan.chunk))
+        for chunk in prefetched(chunks, self._ahead()):
+            for sample in split_batch(chunk):
                 pos += 1
                 yield pos, sample
 
     def _batches(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
+        return prefetched(self._make_batches(plan, stream, start), self._ahead())
+
+    def _make_batches(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
         b = int(self.batch_size or 1)
         pos = start
         pend_idx: list[np.ndarray] = []

@@ -1,0 +1,58 @@
+"""Background prefetch for in-process reading: a thread runs ahead of the consumer.
+
+numpy releases the GIL while it gathers and copies, so the next chunk is read
+while the training step runs. Errors travel to the consumer and are raised
+there; closing the consumer's generator stops the thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator, TypeVar
+
+T = TypeVar("T")
+_DONE = object()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def prefetched(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """Yield ``items`` while a thread produces up to ``depth`` of them ahead."""
+    if depth <= 0:
+        yield from items
+        return
+    q: queue.Queue[object] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(_DONE)
+        except BaseException as e:  # handed to the consumer
+            q.put(_Failure(e))
+
+    t = threading.Thread(target=run, name="samplecache-prefetch", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        t.join(timeout=5)
