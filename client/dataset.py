@@ -22,7 +22,7 @@ from samplecache.stream import Stream
 from samplecache.transport import Ring, ring_batch
 
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
-PREFETCH_AT = 0.9  # fetch (and so seal) the next epoch's manifest when this much of the stream is read
+PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -138,6 +138,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self._iterations = 0
         self._plans: dict[int, EpochPlan] = {}
         self._plans_lock = threading.Lock()
+        self._keepers: dict[int, LeaseKeeper] = {}  # leases taken ahead, with the next manifest
         self._resume: dict[str, Any] | None = None
         self._ring: Ring | None = None  # set by SampleCacheLoader before its workers fork
         self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
@@ -168,13 +169,25 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
                     del self._plans[old]
         return got
 
-    def _prefetch(self, epoch: int) -> None:
+    def _prefetch(self, epoch: int, holder: str) -> None:
+        """Fetch (so seal) the next epoch's manifest and take its lease before this epoch ends."""
         def run() -> None:
             try:
                 self.plan(epoch)
+                # In a DataLoader worker the lease waits for the next iteration: a worker that is not
+                # persistent exits first, and its lease would pin the epoch for a TTL for nothing.
+                if self.lease and epoch not in self._keepers and get_worker_info() is None:
+                    self._keepers[epoch] = LeaseKeeper(self.url, epoch, self.token, holder=holder)
             except (DaemonError, KeyError, ValueError):
                 pass  # the next iteration fetches it again and reports the error there
         threading.Thread(target=run, name=f"samplecache-prefetch-{epoch}", daemon=True).start()
+
+    def _keeper(self, epoch: int, holder: str) -> LeaseKeeper | None:
+        """This epoch's lease: the one prefetched with its manifest, or a new one."""
+        got = self._keepers.pop(epoch, None)
+        if got is not None and got.lost is None and got.alive():
+            return got
+        return LeaseKeeper(self.url, epoch, self.token, holder=holder) if self.lease else None
 
     def _next_epoch(self) -> int:
         info = get_worker_info()
@@ -244,15 +257,15 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         stream = self.stream(plan, topo, worker, workers)
         start = self._start(epoch, worker, workers)
-        keeper = (LeaseKeeper(self.url, epoch, self.token, holder=f"rank {topo.rank} worker {worker}")
-                  if self.lease else None)
+        holder = f"rank {topo.rank} worker {worker}"
+        keeper = self._keeper(epoch, holder)
         prefetch_at = int(PREFETCH_AT * stream.total) if self.prefetch_next else -1
         self._position = (epoch, start)
         try:
             items = self._batches(plan, stream, start) if self.batch_size else self._samples(plan, stream, start)
             for pos, item in items:
                 if pos >= prefetch_at >= 0:
-                    self._prefetch(epoch + 1)
+                    self._prefetch(epoch + 1, holder)
                     prefetch_at = -1
                 self._position = (epoch, pos)
                 yield item if self.transform is None else self.transform(item)
@@ -314,6 +327,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         state = dict(self.__dict__)
         state["_ring"] = None  # only forked workers share the ring (inherited, never pickled)
         state["_plans_lock"] = None
+        state["_keepers"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

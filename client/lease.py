@@ -44,6 +44,10 @@ class LeaseKeeper:
                     return
                 log.warning("lease heartbeat failed (will retry): %s", e)
 
+    def alive(self) -> bool:
+        """Heartbeating in this process (a copy inherited across fork is not)."""
+        return self._thread.is_alive() and not self._stop.is_set()
+
     def release(self) -> None:
         if self._stop.is_set():
             return

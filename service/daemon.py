@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import collections
 import errno
+import fcntl
 import logging
+import os
 import shutil
 import threading
 import time
@@ -14,7 +16,7 @@ from typing import Any
 import lmdb
 
 from samplecache.record import FORMAT_VERSION
-from samplecache.service.catalog import Catalog
+from samplecache.service.catalog import Catalog, Shard
 from samplecache.service.discovery import Discovery, quarantined
 from samplecache.service.epochs import EpochManager
 from samplecache.service.eviction import POLICIES, EvictionPlan, plan_eviction
@@ -57,6 +59,7 @@ class Daemon:
             settings.staging_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StartupError(f"cache_dir {settings.cache_dir}: {e}") from e
+        self._lock_fd = self._lock_cache_dir()
         self.max_bytes = int(settings.max_bytes)
         self.min_free_disk = int(settings.min_free_disk)
         self.policy = settings.eviction_policy
@@ -70,6 +73,7 @@ class Daemon:
         self.epochs = EpochManager(self.catalog, self.writer, self.leases, self._manifest_fields,
                                    settings.epoch_wait_max)
         self.epochs.max_samples = settings.epoch_max_samples
+        self.epochs.resident_for_epoch = self.epoch_shards
         self.remote = FsspecRemote(settings.source, settings.storage_options) if settings.source else None
         self.discovery = Discovery(self.remote, self.catalog, self.writer, settings.columns) if self.remote else None
         self.planner: Planner | None = None
@@ -88,11 +92,24 @@ class Daemon:
         self._backoff_until = 0.0
         self._held_retry_at = 0.0
         self._retrying = 0  # held results re-submitted and not answered yet
+        self._count_lock = threading.Lock()
         self._next_discovery = 0.0
         self._held: collections.deque[SampleResult] = collections.deque()  # staged, waiting for room
         self._ingests: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=4096)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+    def _lock_cache_dir(self) -> int:
+        """One daemon per cache dir: a second one would hand out the same shard ids. The kernel drops
+        the lock when the process dies, even by SIGKILL."""
+        fd = os.open(self.settings.cache_dir / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StartupError(f"cache_dir {self.settings.cache_dir} is in use by another samplecache daemon "
+                               f"(it holds {self.settings.cache_dir / 'daemon.lock'})") from None
+        return fd
 
     @property
     def schema(self) -> Any:
@@ -142,6 +159,7 @@ class Daemon:
         self.supervisor.stop(timeout=3)  # staged-but-not-ingested files stay for the next start
         self.writer.close()
         self.env.close()
+        os.close(self._lock_fd)
 
     def _recover_staging(self) -> None:
         n = 0
@@ -159,6 +177,16 @@ class Daemon:
         """Which shards to evict so ``incoming`` more bytes fit (runs on the writer thread)."""
         return plan_eviction(self.catalog.shards(), self.epochs.pinned_shards(), self.max_bytes, incoming,
                              self.policy, self.settings.seed)
+
+    def epoch_shards(self) -> list[Shard]:
+        """What a new epoch may name: the resident shards, less what the eviction policy would drop to
+        keep ``epoch_headroom`` of the budget free. While an epoch is leased its shards cannot be
+        evicted, so this headroom is where new shards go until the next epoch; without it a full,
+        leased cache could never take in new data."""
+        shards = self.catalog.shards()
+        keep = int(self.max_bytes * (1.0 - self.settings.epoch_headroom))
+        drop = set(plan_eviction(shards, (), keep, 0, self.policy, self.settings.seed).evict)
+        return [s for s in shards if s.id not in drop] or shards[-1:]
 
     def configure(self, max_bytes: int | None = None, policy: str | None = None,
                   min_free_disk: int | None = None, epoch_max_samples: int | None = None) -> None:
@@ -337,14 +365,16 @@ class Daemon:
             return
         self._held_retry_at = time.monotonic() + 0.5
         for _ in range(len(self._held)):
-            self._retrying += 1
+            with self._count_lock:
+                self._retrying += 1
             self._ingest(self._held.popleft(), retry=True)
 
     def _ingested(self, fut: Any, r: SampleResult, retry: bool = False) -> None:
         assert self.planner is not None
         exc = fut.exception()
         if retry:
-            self._retrying -= 1
+            with self._count_lock:
+                self._retrying -= 1
         if isinstance(exc, NoRoom):
             self._held.append(r)  # backpressure: wait for a lease to end; the budget is never exceeded
             return

@@ -73,6 +73,9 @@ class EpochManager:
         self.manifest_fields = manifest_fields
         self.wait_max = wait_max
         self.max_samples = 0
+        # () -> the shards an epoch may name: the resident ones minus what the eviction policy would
+        # drop to leave headroom for new shards while the epoch is leased (set by the daemon)
+        self.resident_for_epoch: Callable[[], list[Shard]] = catalog.shards
         self._lock = asyncio.Lock()
         self._ids: dict[int, frozenset[int]] = {}
 
@@ -132,7 +135,7 @@ class EpochManager:
             fields = self.manifest_fields()
 
             def build() -> dict[str, Any]:
-                chosen = select_shards(self.catalog.shards(), cap, fields["seed"], epoch)
+                chosen = select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch)
                 return build_manifest(epoch, chosen, previous=previous, **fields)
 
             return await asyncio.wrap_future(self.writer.seal(epoch, build))

@@ -38,6 +38,7 @@ class Settings(BaseSettings):
     columns: list[str] | None = Field(None, description="Sample only these columns (comma-separated; default: all supported)")
     seed: int = Field(0, ge=0, description="Seed of the remote sampling order (and of random eviction)")
     eviction_policy: str = Field("fifo", description="Which shards make room once the budget is reached: fifo, random or lru")
+    epoch_headroom: float = Field(0.2, ge=0.0, lt=1.0, description="Fraction of the budget a new epoch leaves out (the policy's next evictions) so new shards fit while it is leased")
     lease_ttl: float = Field(60.0, gt=0, le=3600, description="Seconds a reader's lease on an epoch lives without a heartbeat")
     epoch_max_samples: int = Field(0, ge=0, description="Cap on the samples of one epoch (0: every resident sample)")
     discover_interval: float = Field(300.0, gt=0, description="Seconds between listings of the source for new files")

@@ -120,11 +120,14 @@ class Writer:
                 sid = int(self.catalog.meta("next_shard", 1))
                 records = self.dbs[b"records"]
                 for b, block in enumerate(staged.blocks):
-                    txn.put(record_key(sid, b), block, db=records, append=True)
+                    if not txn.put(record_key(sid, b), block, db=records, append=True):
+                        raise RuntimeError(f"record key of shard {sid} block {b} exists: the catalog and the "
+                                           f"records disagree (two writers on one cache?)")
                 shard = Shard(id=sid, key=h["key"], path=h["path"], row_group=h["row_group"], unit=h["unit"],
                               cycle=h["cycle"], rows=h["rows"], bytes=size, rows_per_block=h["rows_per_block"],
                               blocks=len(staged.blocks), created=time.time())
-                txn.put(u64(sid), shard.to_json(), db=self.dbs[b"shards"])
+                if not txn.put(u64(sid), shard.to_json(), db=self.dbs[b"shards"], overwrite=False):
+                    raise RuntimeError(f"shard {sid} is already catalogued (two writers on one cache?)")
                 txn.put(b"next_shard", json.dumps(sid + 1).encode(), db=self.dbs[b"meta"])
                 if cursor is not None:
                     txn.put(b"cursor", json.dumps(cursor(h["cycle"], h["unit"])).encode(), db=self.dbs[b"meta"])
