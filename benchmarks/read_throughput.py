@@ -127,6 +127,17 @@ class Check:
         return int(x.view(torch.int32)[:, ::LARGE_STRIDE].sum(dtype=torch.int64))
 
 
+def make_specs(n_small: int, n_large: int, quick: bool) -> dict[str, Spec]:
+    """SMALL and LARGE (also used by benchmarks/suite.py: same parameters, so the same data and caches)."""
+    return {
+        # quick: smaller row groups so that every dataset still has several shards (workers split by shard)
+        "small": Spec("small", n_small, 5_000 if quick else 50_000, "uint8", 256, 256, seed=1,
+                      rows_per_file=(5_000 if quick else 50_000) * 4),
+        "large": Spec("large", n_large, 16 if quick else 64, "float32", 262_144, 8, seed=2,
+                      rows_per_file=(16 if quick else 64) * 8),
+    }
+
+
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -519,13 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     passes = a.passes if a.passes is not None else (1 if quick else 3)
     if n_small < 1 or n_large < 1 or passes < 1:
         p.error("--small, --large and --passes must be >= 1")
-    specs = {
-        # quick: smaller row groups so that every dataset still has several shards (workers split by shard)
-        "small": Spec("small", n_small, 5_000 if quick else 50_000, "uint8", 256, 256, seed=1,
-                      rows_per_file=(5_000 if quick else 50_000) * 4),
-        "large": Spec("large", n_large, 16 if quick else 64, "float32", 262_144, 8, seed=2,
-                      rows_per_file=(16 if quick else 64) * 8),
-    }
+    specs = make_specs(n_small, n_large, quick)
     names = [s.strip() for s in a.datasets.split(",") if s.strip()]
     if not names or any(n not in specs for n in names):
         p.error(f"--datasets takes a comma-separated subset of {sorted(specs)}")

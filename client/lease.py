@@ -6,6 +6,7 @@ that dies stops heartbeating and its lease expires after its TTL.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
@@ -31,6 +32,7 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"samplecache-lease-{epoch}", daemon=True)
         self._thread.start()
+        atexit.register(self.release)  # a trainer that exits normally frees its leases at once
 
     def _beat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
@@ -52,6 +54,7 @@ class LeaseKeeper:
         if self._stop.is_set():
             return
         self._stop.set()
+        atexit.unregister(self.release)
         try:
             request_json(f"{self.url}/v1/epochs/{self.epoch}/leases/{self.id}", "DELETE", self.token,
                          timeout=10, retries=1)
