@@ -602,7 +602,8 @@ def test_staging_stays_bounded_while_the_pinned_budget_is_full(daemon: Any, cras
     samplers = 2
     # room for two shards, never three: once both are pinned, nothing can be ingested
     d = daemon(crash_dataset.url, cache, samplers=samplers,
-               extra=["--max-bytes", str(int(2.5 * SHARD_BYTES)), "--block-bytes", str(BLOCK_BYTES)])
+               extra=["--max-bytes", str(int(2.5 * SHARD_BYTES)), "--block-bytes", str(BLOCK_BYTES),
+                      "--epoch-headroom", "0"])  # the epoch names every resident shard: all pinned
     with explained("backpressure", seed, [d]):
         wait_for(lambda: http_json(d.url + "/v1/status")["shards"] >= 2, 60, "two shards ingested")
         manifest = json.loads(http_raw(d.url + "/v1/epochs/0"))
