@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -17,12 +18,18 @@ from samplecache.lease import LeaseKeeper
 from samplecache.partition import PARTIAL, part_range, rank_range, shard_order, spans_for
 from samplecache.prefetch import prefetched
 from samplecache.reader import CacheReader, split_batch
-from samplecache.record import Schema
+from samplecache.record import FORMAT_VERSION, FormatError, Schema
 from samplecache.stream import Stream
 from samplecache.transport import Ring, ring_batch
 
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
+
+
+def _release_all(keepers: dict[int, LeaseKeeper]) -> None:
+    for keeper in list(keepers.values()):
+        keeper.release()
+    keepers.clear()
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -75,6 +82,10 @@ class EpochPlan:
     """One epoch's manifest, as this reader sees it."""
 
     def __init__(self, manifest: dict[str, Any], columns: Sequence[str] | None) -> None:
+        version = manifest.get("format_version", FORMAT_VERSION)
+        if int(version) != FORMAT_VERSION:
+            raise FormatError(f"record format version mismatch: the daemon serves v{version}, this samplecache "
+                              f"client reads v{FORMAT_VERSION}: install matching versions")
         self.manifest = manifest
         self.epoch = int(manifest["epoch"])
         self.schema = Schema.from_json(manifest["schema"])
@@ -139,6 +150,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self._plans: dict[int, EpochPlan] = {}
         self._plans_lock = threading.Lock()
         self._keepers: dict[int, LeaseKeeper] = {}  # leases taken ahead, with the next manifest
+        weakref.finalize(self, _release_all, self._keepers)  # a dropped dataset frees them at once
         self._resume: dict[str, Any] | None = None
         self._ring: Ring | None = None  # set by SampleCacheLoader before its workers fork
         self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
@@ -149,6 +161,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
         self._clock.set(int(epoch))
+        self._position = (int(epoch), 0)
         if get_worker_info() is None:
             self.agree(int(epoch))  # several hosts: agree on the epoch's length (every rank calls set_epoch)
 
@@ -246,6 +259,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         if len(r["skip"]) != workers:
             raise ValueError(f"this state was saved with {len(r['skip'])} DataLoader workers; resume with "
                              f"the same number (now {workers})")
+        if get_worker_info() is None:
+            self._resume = None  # in-process: used once (a worker's copy goes away with the worker)
         return int(r["skip"][worker])
 
     # -- iteration --------------------------------------------------------------------------------
@@ -346,6 +361,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
             raise ValueError("the state was saved with another seed or shuffle setting")
         self._resume = {"epoch": int(state["epoch"]), "skip": [int(s) for s in state["skip"]]}
         self.set_epoch(int(state["epoch"]))
+        if len(self._resume["skip"]) == 1:
+            self._position = (self._resume["epoch"], self._resume["skip"][0])
 
 
 __all__ = ["SampleCacheDataset", "EpochPlan", "Topology", "topology", "dist_rank_world"]

@@ -69,22 +69,30 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
         ds._ring = self._ring_for(ds)
         it = super().__iter__()
+        ds._ring = None  # the workers have forked with it; a plain DataLoader later must not see it
         self._taken = 0
         self._epoch = None
-        self._base = list(resume["skip"]) if resume else [0] * self._workers()
-        for batch in it:
-            if self._epoch is None:
-                self._epoch = ds.current_epoch()
-            self._taken += 1
-            yield materialize(batch)
-        ds._resume = None
+        self._base = [0] * self._workers()
+        try:
+            for batch in it:
+                if self._epoch is None:
+                    self._epoch = ds.current_epoch()
+                    if resume and int(resume["epoch"]) == self._epoch:
+                        self._base = list(resume["skip"])
+                self._taken += 1
+                yield materialize(batch)
+        finally:
+            ds._resume = None
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands, for ``load_state_dict`` in a new process."""
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
-        if self._epoch is None:
-            epoch = ds.current_epoch()
-            return {"epoch": epoch if epoch is not None else 0, "skip": [0] * self._workers(), "seed": ds.seed,
+        if self._epoch is None:  # nothing read yet: the pending resume point, or the next epoch's start
+            r = ds._resume
+            if r is not None:
+                return {"epoch": r["epoch"], "skip": list(r["skip"]), "seed": ds.seed, "shuffle": ds.shuffle,
+                        "batches": 0}
+            return {"epoch": ds.next_epoch(), "skip": [0] * self._workers(), "seed": ds.seed,
                     "shuffle": ds.shuffle, "batches": 0}
         plan = ds.plan(self._epoch)
         topo = topology(ds._topology)
