@@ -23,6 +23,7 @@ from samplecache.stream import Stream
 from samplecache.transport import Ring, ring_batch
 
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
+FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 
 
@@ -187,9 +188,10 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         def run() -> None:
             try:
                 self.plan(epoch)
-                # In a DataLoader worker the lease waits for the next iteration: a worker that is not
-                # persistent exits first, and its lease would pin the epoch for a TTL for nothing.
-                if self.lease and epoch not in self._keepers and get_worker_info() is None:
+                # Lease it now, so its shards are pinned from the moment it is sealed. A worker that is
+                # not persistent exits before the next epoch: its lease then just expires after the TTL,
+                # while the next workers take their own.
+                if self.lease and epoch not in self._keepers:
                     self._keepers[epoch] = LeaseKeeper(self.url, epoch, self.token, holder=holder)
             except (DaemonError, KeyError, ValueError):
                 pass  # the next iteration fetches it again and reports the error there
@@ -295,7 +297,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     def _samples(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
         pos = start
         chunks = (plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols)
-                  for idx, rows in stream.chunks(start, chunk=plan.chunk))
+                  for idx, rows in stream.chunks(start, chunk=plan.chunk, first=FIRST_CHUNK))
         for chunk in prefetched(chunks, self._ahead()):
             for sample in split_batch(chunk):
                 pos += 1
@@ -310,7 +312,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         pend_idx: list[np.ndarray] = []
         pend_rows: list[np.ndarray] = []
         pending = 0
-        for idx, rows in stream.chunks(start, chunk=max(b, 4096 // b * b)):
+        for idx, rows in stream.chunks(start, chunk=max(b, 4096 // b * b), first=b):
             pend_idx.append(idx)
             pend_rows.append(rows)
             pending += len(idx)

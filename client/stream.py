@@ -62,8 +62,14 @@ class Stream:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(idx_parts), np.concatenate(row_parts).astype(np.int64, copy=False)
 
-    def chunks(self, start: int = 0, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Chunks of the stream from position ``start`` on (the resume point)."""
+    def chunks(self, start: int = 0, chunk: int = DEFAULT_CHUNK, first: int | None = None
+               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Chunks of the stream from position ``start`` on (the resume point). ``first`` makes the
+        first chunk smaller, so the first batch of an epoch does not wait for a whole chunk."""
+        if first is not None and first < chunk and not self.window and start < self.total:
+            head = min(self.total, start + first)
+            yield self._positions(start, head)
+            start = head
         if self.window:
             w = self.window
             first = start // w

@@ -157,6 +157,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(epochs=args.epochs, workdir=args.workdir, port=args.port)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from samplecache.bench import run_bench  # the trainer side: imports torch
+
+    return run_bench(args.url, max_workers=args.max_workers, batch_size=args.batch_size, passes=args.passes,
+                     max_samples=args.max_samples or None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="samplecache", description="A per-host cache of a growing random sample "
                                 "of a remote Parquet dataset, for PyTorch training.")
@@ -170,10 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--epochs", type=int, default=4)
     d.add_argument("--workdir", default=None, help="where the demo's source data and cache go (default: a temp dir)")
     d.add_argument("--port", type=int, default=0, help="daemon port (default: a free one)")
+    b = sub.add_parser("bench", help="measure the client on this host's cache at num_workers 0..N and recommend one")
+    b.add_argument("--url", default=DEFAULT_URL, help=f"daemon URL (default {DEFAULT_URL})")
+    b.add_argument("--max-workers", type=int, default=None, help="highest num_workers to try (default: cores, at most 8)")
+    b.add_argument("--batch-size", type=int, default=256)
+    b.add_argument("--passes", type=int, default=2, help="warm passes per setting (after one warm-up)")
+    b.add_argument("--max-samples", type=int, default=200_000, help="samples per pass at most (0: the whole epoch)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo}[args.command]
+    handler = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bench": cmd_bench}[args.command]
     return int(handler(args) or 0)

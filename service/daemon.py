@@ -407,7 +407,8 @@ class Daemon:
         return sum(1 for sid in self.epochs.shard_ids(epoch) if self.catalog.shard(sid) is None)
 
     def persist_leases(self) -> None:
-        self.writer.put_meta({"leases": self.leases.saved()}).result()
+        """Queue the lease table for the disk (a restart gives every saved lease a fresh TTL)."""
+        self.writer.put_meta({"leases": self.leases.saved()})
 
     # -- reporting -----------------------------------------------------------------------------------
     def _manifest_fields(self) -> dict[str, Any]:

@@ -57,7 +57,7 @@ async def take_lease(d: DaemonDep, epoch: Epoch, body: LeaseIn | None = None) ->
         d.leases.release(epoch, lease.id)
         raise HTTPException(410, f"epoch {epoch} can no longer be read: {missing} of its shards were evicted "
                                  f"(it had no live lease); read a newer epoch")
-    await asyncio.to_thread(d.persist_leases)
+    d.persist_leases()  # queued on the writer; the reader does not wait for the disk
     return lease.to_json()
 
 
@@ -76,5 +76,5 @@ async def release(d: DaemonDep, epoch: Epoch, lease_id: LeaseId) -> Response:
         d.leases.release(epoch, lease_id)
     except LeaseError as e:
         raise _lease_error(e) from None
-    await asyncio.to_thread(d.persist_leases)
+    d.persist_leases()
     return Response(status_code=204)
