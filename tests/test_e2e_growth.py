@@ -307,7 +307,7 @@ def test_a_lease_pins_its_epoch_through_churn_until_released_or_expired(daemon: 
 
 def test_backpressure_when_every_evictable_shard_is_pinned(daemon: Any, rg50: TypedDataset,
                                                            until: Callable[..., Any]) -> None:
-    d = daemon(rg50.url, samplers=1, extra=["--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1"])
+    d = daemon(rg50.url, samplers=1, extra=["--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1", "--epoch-headroom", "0"])
     until(lambda: status(d)["evictions"] > 0, 30, "the budget to fill")
     m = manifest(d, 0)
     ids0 = set(shard_ids(m))
@@ -344,7 +344,7 @@ def test_backpressure_when_every_evictable_shard_is_pinned(daemon: Any, rg50: Ty
 
 def test_backpressure_really_stops_the_samplers(daemon: Any, rg50: TypedDataset, until: Callable[..., Any]) -> None:
     samplers = 1
-    d = daemon(rg50.url, samplers=samplers, extra=["--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1"])
+    d = daemon(rg50.url, samplers=samplers, extra=["--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1", "--epoch-headroom", "0"])
     until(lambda: status(d)["evictions"] > 0, 30, "the budget to fill")
     manifest(d, 0)
     take_lease(d, 0, ttl=60)
@@ -592,3 +592,24 @@ def test_settings_errors_do_not_echo_storage_credentials(s3: Any, typed_dataset:
 def test_a_negative_seed_is_a_settings_error(s3: Any, typed_dataset: TypedDataset, tmp_path: Path) -> None:
     code, err = finish(serve(["--seed", "-1"], typed_dataset.url, tmp_path / "c", s3.env()))
     assert code == 2 and "--seed" in err, f"exit {code}: {err[-1000:]}"
+
+
+def test_a_full_leased_cache_still_takes_new_data(daemon: Any, rg50: TypedDataset, until: Callable[..., Any]) -> None:
+    """With the default headroom, an epoch sealed on a full cache leaves out the shards fifo would evict
+    next: while that epoch is leased (all of its shards pinned), new shards still come in, and the next
+    epoch holds new data."""
+    budget = 2 * RG50_BUDGET  # ~8 shards: 20% headroom is at least one shard
+    d = daemon(rg50.url, samplers=1, extra=["--max-bytes", str(budget), "--lease-ttl", "1"])
+    until(lambda: status(d)["evictions"] > 0, 30, "the budget to fill")
+    m0 = manifest(d, 0)
+    ids0 = set(shard_ids(m0))
+    assert m0["bytes"] <= 0.8 * budget, "the epoch must leave the headroom out"
+    assert ids0 < set(resident(d)) or status(d)["shards"] > len(ids0)
+    take_lease(d, 0, ttl=60)
+    ev = status(d)["evictions"]
+    until(lambda: status(d)["evictions"] > ev + 2, 30, "new shards to come in while epoch 0 is leased")
+    shards = resident(d)
+    assert ids0 <= set(shards), "a pinned shard was evicted"
+    assert status(d)["bytes"] <= budget
+    m1 = manifest(d, 1)
+    assert m1["new_samples"] > 0 and set(shard_ids(m1)) - ids0, "epoch 1 brings no new data"

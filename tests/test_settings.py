@@ -163,6 +163,7 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "SEED": "17",
         "EVICTION_POLICY": "lru",
         "LEASE_TTL": "12.5",
+        "EPOCH_HEADROOM": "0.3",
         "EPOCH_MAX_SAMPLES": "1000",
         "DISCOVER_INTERVAL": "30",
         "NODE_RANK": "1",
@@ -183,7 +184,7 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert (s.host, s.port, s.token) == ("0.0.0.0", 9999, "tok")
     assert s.storage_options == {"anon": True, "endpoint_url": "http://x"}
     assert s.columns == ["id", "text"]
-    assert s.seed == 17 and s.eviction_policy == "lru" and s.lease_ttl == 12.5
+    assert s.seed == 17 and s.eviction_policy == "lru" and s.lease_ttl == 12.5 and s.epoch_headroom == 0.3
     assert s.epoch_max_samples == 1000 and s.discover_interval == 30
     assert (s.node_rank, s.num_nodes) == (1, 4)
     assert int(s.block_bytes) == 256 * 1024
@@ -282,7 +283,7 @@ def test_every_setting_is_a_serve_flag(name: str, serve_help: str) -> None:
     # and it reaches Settings under its own name
     value = {"source": "s3://x/", "cache_dir": "/tmp/x", "max_bytes": "2GiB", "min_free_disk": "1GB",
              "samplers": "255", "host": "::1", "port": "1234", "token": "t", "storage_options": '{"a": 1}',
-             "columns": "a", "seed": "3", "eviction_policy": "random", "lease_ttl": "3", "epoch_max_samples": "7",
+             "columns": "a", "seed": "3", "eviction_policy": "random", "lease_ttl": "3", "epoch_headroom": "0.1", "epoch_max_samples": "7",
              "discover_interval": "9", "node_rank": "0", "num_nodes": "2", "block_bytes": "8KiB",
              "epoch_wait_max": "4", "retry_seconds": "2", "log_level": "error"}.get(name)
     if value is None:
