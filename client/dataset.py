@@ -308,11 +308,12 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _make_batches(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
         b = int(self.batch_size or 1)
+        per_chunk = max(1, plan.chunk // b)  # batches gathered together (about CHUNK_BYTES at a time)
         pos = start
         pend_idx: list[np.ndarray] = []
         pend_rows: list[np.ndarray] = []
         pending = 0
-        for idx, rows in stream.chunks(start, chunk=max(b, 4096 // b * b), first=b):
+        for idx, rows in stream.chunks(start, chunk=per_chunk * b, first=b):
             pend_idx.append(idx)
             pend_rows.append(rows)
             pending += len(idx)
@@ -320,15 +321,26 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
                 continue
             all_idx, all_rows = np.concatenate(pend_idx), np.concatenate(pend_rows)
             full = len(all_idx) // b * b
-            for a in range(0, full, b):
-                sel = slice(a, a + b)
+            for batch in self._collate_many(plan, all_idx[:full], all_rows[:full], b):
                 pos += b
-                yield pos, self._collate(plan, all_idx[sel], all_rows[sel])
+                yield pos, batch
             pend_idx, pend_rows, pending = [all_idx[full:]], [all_rows[full:]], len(all_idx) - full
         if pending and not self.drop_last:
             idx, rows = np.concatenate(pend_idx), np.concatenate(pend_rows)
             pos += len(idx)
             yield pos, self._collate(plan, idx, rows)
+
+    def _collate_many(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, b: int) -> Iterator[Any]:
+        """Batches of ``b`` from whole batches' worth of positions: in-process, one gather for all of
+        them and each batch a slice (a view) of it; in a worker with the ring, one gather per slot."""
+        if self._ring is not None and get_worker_info() is not None and self.transform is None:
+            for a in range(0, len(idx), b):
+                yield self._collate(plan, idx[a:a + b], rows[a:a + b])
+            return
+        gathered = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols)
+        tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in gathered.items()}
+        for a in range(0, len(idx), b):
+            yield {k: v[a:a + b] for k, v in tensors.items()}
 
     def _collate(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray) -> Any:
         def produce(alloc: Any = None) -> dict[str, Any]:
