@@ -140,3 +140,100 @@ def test_suite_peers_installed() -> None:
     if missing:
         pytest.skip(f"benchmark peers not installed (bash benchmarks/install_peers.sh): {missing}")
     assert "torchvision" not in sys.modules  # the streaming import goes around it
+
+
+# --- benchmarks/daemon_scale.py --quick: manifest serving, RSS, read rate vs cache size ----------------
+
+DAEMON_SCALE = REPO / "benchmarks" / "daemon_scale.py"
+
+
+@pytest.mark.e2e
+def test_daemon_scale_quick(tmp_path: Path) -> None:
+    """A small cache built in-process (no remote), served by the real daemon: the manifest verified, every
+    concurrent response byte-identical, figures printed; the read-rate part verified at two sizes."""
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, str(DAEMON_SCALE), "--quick", "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert out.exists(), report
+    result = json.loads(out.read_text())
+
+    s = result["scale"]
+    assert s["problems"] == [] and s["verified"], report
+    spec = s["spec"]
+    assert s["build"]["samples"] == spec["shards"] * spec["rows"], report
+    assert s["manifest_bytes"] > 0 and s["seal_s"] > 0, report
+    for run in (s["single_client"], s["concurrent"]):
+        assert run["errors"] == 0, f"{run['error_examples']}\n{report}"
+        assert run["requests"] == run["clients"] * run["requests_per_client"] > 0, report
+        assert 0 < run["p50_ms"] <= run["p99_ms"] <= run["max_ms"], report
+        assert run["mb_per_s"] > 0, report
+    assert s["concurrent"]["clients"] == 64, report
+    for when in ("memory_idle", "memory_sealed", "memory_after_load"):
+        assert s[when]["rss"] > 0 and s[when]["anon"] > 0, report
+    for k in ("healthz_s", "readyz_s", "idle_s"):
+        assert s["startup"][k] > 0, report
+    assert s["status_idle"]["p50_ms"] > 0, report
+
+    r = result["read"]
+    assert r["problems"] == [] and r["verified"], report
+    assert len(r["sizes"]) == 2, report
+    for row in r["sizes"]:
+        assert "skipped" not in row, report
+        for kind in ("lmdb", "client"):
+            assert len(row[kind]) == 2 and all(p["ok"] for p in row[kind]), f"{row[kind]}\n{report}"
+            assert row[f"{kind}_mb_per_s"] > 0, report
+        assert row["client_vs_smallest"] > 0, report
+
+    for text in ("GET /v1/epochs/0", "daemon RSS", "read rate vs cache size", "verified: yes"):
+        assert text in proc.stdout, report
+    assert result["verified"] and proc.returncode == 0, report
+
+
+# --- benchmarks/ingest.py --quick: S3 server -> LMDB against raw s3fs reads --------------------------------
+
+INGEST = REPO / "benchmarks" / "ingest.py"
+
+
+@pytest.mark.e2e
+def test_ingest_quick(tmp_path: Path) -> None:
+    """Both datasets uploaded to a real S3 server, read raw, ingested by the daemon (epoch 0 read back from
+    LMDB: count and sum of y), and profiled stage by stage; figures printed, no timing thresholds."""
+    pytest.importorskip("s3fs")
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from s3server import find_weed
+        find_weed()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    out = tmp_path / "ingest.json"
+    proc = subprocess.run(
+        [sys.executable, str(INGEST), "--quick", "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert out.exists(), report
+    result = json.loads(out.read_text())
+
+    assert set(result["datasets"]) == {"large", "small"}, report
+    for name, r in result["datasets"].items():
+        ing = r["ingest"]
+        assert r["verified"] and ing["verified"], f"{name}: {ing['check']}\n{report}"
+        assert ing["check"]["samples"] == r["truth"]["samples"] == ing["status"]["samples"], report
+        assert ing["remote_errors"] == 0, report
+        assert len(r["raw"]) == 1, report  # --quick: one timed raw pass (plus the one after the daemon)
+        assert all(p["mb_per_s"] > 0 and p["bytes"] == r["truth"]["row_group_bytes"] for p in r["raw"]), report
+        assert r["raw_mb_per_s"] > 0 and ing["mb_per_s"] > 0 and r["ratio"] > 0, report
+        assert 0 < ing["healthz_s"] < ing["done_s"], report
+        stages = r["stages"]
+        assert stages["units"] >= 1 and stages["total_s"] > 0, report
+        assert set(stages["stages"]) == {"open_footer", "read_row_group", "encode", "stage_write", "stage_fsync",
+                                         "lmdb_ingest"}, report
+        assert all(v["seconds"] >= 0 for v in stages["stages"].values()), report
+        assert "run_task" in r["cprofile"], report
+        assert r["variants"]["rows"] and all(v["mb_per_s"] > 0 for v in r["variants"]["rows"]), report
+    for text in ("x raw", "where a sampler's time goes", "cProfile of run_task"):
+        assert text in proc.stdout, report
+    assert result["verified"] and proc.returncode == 0, report

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the peers of benchmarks/suite.py into .venv (or $PYTHON) without touching its torch.
+#
+# mosaicml-streaming and litdata require torchvision, and every torchvision wheel pins a torch
+# other than the pinned CPU torch==2.13.0 (pip would replace it). So: the `peers` extra
+# (webdataset and the runtime deps of the other two, none of which needs torch), then the two
+# packages themselves with --no-deps. The suite never imports torchvision (see benchmarks/peers.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py="${PYTHON:-.venv/bin/python}"
+torch_before="$("$py" -c 'import torch; print(torch.__version__)')"
+"$py" -m pip install -q -e ".[peers]"
+"$py" -m pip install -q --no-deps "mosaicml-streaming==0.13.0" "litdata==0.2.76"
+torch_after="$("$py" -c 'import torch; print(torch.__version__)')"
+if [ "$torch_before" != "$torch_after" ]; then
+  echo "install_peers.sh: torch changed from $torch_before to $torch_after" >&2
+  exit 1
+fi
+"$py" - <<'PY'
+import sys
+sys.path.insert(0, "benchmarks")
+import peers
+bad = {p: peers.missing(p) for p in ("streaming", "litdata", "webdataset")}
+bad = {p: why for p, why in bad.items() if why}
+if bad:
+    sys.exit(f"install_peers.sh: peers still missing: {bad}")
+print("peers installed:", {k: v for k, v in peers.versions().items()})
+PY
