@@ -38,7 +38,16 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         """``transport``: move the batched path's batches through a reused shared-memory ring."""
         if kwargs.get("in_order") is False:
             raise ValueError("SampleCacheLoader needs in_order=True to know which worker made a batch")
-        super().__init__(dataset, *args, **kwargs)
+        if args:
+            raise TypeError("pass DataLoader options to SampleCacheLoader by keyword")
+        batch = kwargs.get("batch_size", 1)
+        if (transport and dataset.batch_size is None and batch is not None and kwargs.get("collate_fn") is None
+                and dataset.transform is None and kwargs.get("num_workers", 0) > 0):
+            # A per-sample dataset with default collation: let the dataset make the batches (vectorised
+            # gathers, straight into the shared-memory ring). The batches are the same dicts of tensors.
+            dataset.batch_size, dataset.drop_last = int(batch), bool(kwargs.get("drop_last", False))
+            kwargs["batch_size"], kwargs["drop_last"] = None, False
+        super().__init__(dataset, **kwargs)
         self.transport = transport
         self._ring: Ring | None = None
         self._taken = 0

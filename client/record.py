@@ -133,7 +133,7 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def encode_block(schema: Schema, columns: Sequence[ColumnData], nrows: int) -> bytes:
+def encode_block(schema: Schema, columns: Sequence[ColumnData], nrows: int) -> bytearray:
     """Encode one block; ``columns`` follows ``schema.columns`` order."""
     if len(columns) != len(schema.columns):
         raise FormatError(f"block has {len(columns)} columns, schema has {len(schema.columns)}")
@@ -165,7 +165,8 @@ def encode_block(schema: Schema, columns: Sequence[ColumnData], nrows: int) -> b
     view = memoryview(out)
     for off, raw in parts:
         view[off:off + raw.nbytes] = raw.data
-    return bytes(out)
+    view.release()
+    return out
 
 
 # --- decoding ------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def status_of(d: Daemon) -> Status:
     return Status(
         version=__version__, uptime_s=time.time() - d.started, source=d.settings.source,
         cache_dir=str(d.settings.cache_dir.resolve()), bytes=d.catalog.resident_bytes,
-        max_bytes=d.max_bytes, samples=d.catalog.resident_rows, shards=len(d.catalog.shards()),
+        max_bytes=d.max_bytes, samples=d.catalog.resident_rows, shards=d.catalog.shard_count(),
         map_size=d.map_size, disk_free=shutil.disk_usage(d.settings.cache_dir).free,
         epochs_sealed=len(eps), last_epoch=eps[-1] if eps else -1, epochs=epochs,
         sampler={"state": d.sampler_state(), "reason": d.paused_reason, "processes": d.supervisor.size,

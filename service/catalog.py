@@ -112,7 +112,11 @@ class Catalog:
 
     def resident_units(self) -> int:
         with self._lock:
-            return sum(1 for v in self._units.values() if v > 0)
+            return len(self._units)  # only units with a resident shard are kept
+
+    def shard_count(self) -> int:
+        with self._lock:
+            return len(self._state.shards)
 
     def has_key(self, key: str) -> bool:
         with self._lock:

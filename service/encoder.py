@@ -136,7 +136,7 @@ def column_data(arr: pa.Array, col: Column) -> ColumnData:
     return _nested(arr, col)
 
 
-def encode_table(table: pa.Table, schema: Schema, block_bytes: int = DEFAULT_BLOCK_BYTES) -> tuple[list[bytes], int]:
+def encode_table(table: pa.Table, schema: Schema, block_bytes: int = DEFAULT_BLOCK_BYTES) -> tuple[list[bytearray], int]:
     """Encode a table into blocks of about ``block_bytes``; returns (blocks, rows_per_block)."""
     n = table.num_rows
     if n == 0:
@@ -146,7 +146,7 @@ def encode_table(table: pa.Table, schema: Schema, block_bytes: int = DEFAULT_BLO
     return list(_blocks(table, schema, rows_per_block)), rows_per_block
 
 
-def _blocks(table: pa.Table, schema: Schema, rows_per_block: int) -> Iterator[bytes]:
+def _blocks(table: pa.Table, schema: Schema, rows_per_block: int) -> Iterator[bytearray]:
     for start in range(0, table.num_rows, rows_per_block):
         part = table.slice(start, rows_per_block)
         cols = [column_data(part.column(c.name), c) for c in schema.columns]

@@ -97,6 +97,7 @@ class Planner:
         self._next = self.low
         self._handed: set[int] = set()
         self._retry: list[int] = []
+        self._coverage: tuple[tuple[int, ...], dict[str, Any]] | None = None
 
     def __len__(self) -> int:
         return len(self.units)
@@ -177,8 +178,11 @@ class Planner:
             return self._cursor(self.low, self.ahead)
 
     def coverage(self) -> dict[str, Any]:
-        """Fraction of this node's units and rows sampled at least once."""
+        """Fraction of this node's units and rows sampled at least once (recomputed only on change)."""
         with self._lock:
+            key = (self.cycle, self.low, len(self.ahead), len(self.units))
+            if self._coverage is not None and self._coverage[0] == key:
+                return dict(self._coverage[1])
             total_rows = sum(u.rows for u in self.units)
             done_pos = set(range(self.low)) | self.ahead
             if self.cycle > 0:  # a whole earlier pass covered the units planned then
@@ -187,8 +191,9 @@ class Planner:
                 covered = {int(self._order[p]) for p in done_pos}
             done_units = len(covered)
             done_rows = sum(self.units[u].rows for u in covered)
-            return {"cycle": self.cycle, "units": len(self.units), "units_sampled": done_units,
+            self._coverage = (key, {"cycle": self.cycle, "units": len(self.units), "units_sampled": done_units,
                     "rows": total_rows, "rows_sampled": done_rows,
                     "unit_fraction": done_units / len(self.units) if self.units else 0.0,
                     "row_fraction": done_rows / total_rows if total_rows else 0.0,
-                    "remote_units": self.all_units, "node_rank": self.node_rank, "num_nodes": self.num_nodes}
+                    "remote_units": self.all_units, "node_rank": self.node_rank, "num_nodes": self.num_nodes})
+            return dict(self._coverage[1])

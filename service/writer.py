@@ -6,7 +6,6 @@ awaits them with ``asyncio.wrap_future`` and never blocks on LMDB.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import queue
@@ -44,8 +43,10 @@ class Ingested(NamedTuple):
 def open_env(path: Path, map_size: int) -> tuple[lmdb.Environment, dict[bytes, Any]]:
     """Open (or create) the cache environment and its named databases."""
     path.mkdir(parents=True, exist_ok=True)
+    # metasync=False: the meta page is flushed with the next commit's data sync; a killed daemon loses
+    # nothing (the page cache has it) and a power cut rolls back at most the last commit, consistently.
     env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DBS) + 2, max_readers=MAX_READERS,
-                    subdir=True, meminit=False, readahead=False, mode=0o660)
+                    subdir=True, meminit=False, readahead=False, metasync=False, mode=0o660)
     env.reader_check()  # clear slots of readers that died
     dbs = {name: env.open_db(name) for name in DBS}
     return env, dbs
@@ -194,7 +195,8 @@ class Writer:
                 s = self.catalog.shard(entry[0])
                 if s is not None:
                     used.append(s)
-                    txn.put(u64(s.id), dataclasses.replace(s, last_used_epoch=epoch).to_json(), db=self.dbs[b"shards"])
+                    txn.put(u64(s.id), json.dumps(dict(s.__dict__, last_used_epoch=epoch), separators=(",", ":")).encode(),
+                            db=self.dbs[b"shards"])
             summaries.update(self.catalog.meta("epoch_summaries", {}) or {})
             summaries[str(epoch)] = {k: manifest[k] for k in ("samples", "new_samples", "bytes", "sealed_at")}
             summaries[str(epoch)]["shards"] = len(manifest["shards"])
