@@ -19,7 +19,7 @@ from samplecache.record import FORMAT_VERSION
 from samplecache.service.catalog import Catalog, Shard
 from samplecache.service.discovery import Discovery, quarantined
 from samplecache.service.epochs import EpochManager
-from samplecache.service.eviction import POLICIES, EvictionPlan, plan_eviction
+from samplecache.service.eviction import EvictionPlan, plan_eviction
 from samplecache.service.leases import LeaseTable
 from samplecache.service.planner import Pick, Planner, build_units
 from samplecache.service.remote import FsspecRemote, RemoteError
@@ -36,12 +36,6 @@ MAX_ATTEMPTS = 3
 
 class StartupError(Exception):
     """The daemon cannot start; the message says which setting to change."""
-
-
-class ConfigError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 def map_size_for(max_bytes: int) -> int:
@@ -188,41 +182,7 @@ class Daemon:
         drop = set(plan_eviction(shards, (), keep, 0, self.policy, self.settings.seed).evict)
         return [s for s in shards if s.id not in drop] or shards[-1:]
 
-    def configure(self, max_bytes: int | None = None, policy: str | None = None,
-                  min_free_disk: int | None = None, epoch_max_samples: int | None = None) -> None:
-        """Change settings at runtime (validated; raises ConfigError with what fits)."""
-        if policy is not None and policy not in POLICIES:
-            raise ConfigError(422, f"unknown eviction policy {policy!r}; choose one of {sorted(POLICIES)}")
-        if max_bytes is not None:
-            largest = max((s.bytes for s in self.catalog.shards()), default=0)
-            pinned = self.epochs.pinned_shards()
-            pinned_bytes = sum(s.bytes for s in self.catalog.shards() if s.id in pinned)
-            ceiling = (self.map_size - (1 << 30)) // 2
-            if max_bytes <= 0:
-                raise ConfigError(422, "max_bytes must be positive")
-            if max_bytes < largest:
-                raise ConfigError(409, f"max_bytes {max_bytes} is smaller than one shard ({largest} bytes): "
-                                       f"at least {largest} fits")
-            if max_bytes < pinned_bytes:
-                raise ConfigError(409, f"max_bytes {max_bytes} is less than the {pinned_bytes} bytes pinned by "
-                                       f"live leases on epochs {sorted(self.epochs.pinned_epochs())}: at least "
-                                       f"{pinned_bytes} fits now")
-            if max_bytes > ceiling:
-                raise ConfigError(409, f"max_bytes {max_bytes} is beyond what this run's LMDB map allows "
-                                       f"({ceiling}); restart the daemon with --max-bytes {max_bytes}")
-        if max_bytes is not None:
-            self.max_bytes = max_bytes
-        if policy is not None:
-            self.policy = policy
-        if min_free_disk is not None:
-            self.min_free_disk = min_free_disk
-        if epoch_max_samples is not None:
-            self.epochs.max_samples = epoch_max_samples
-        if max_bytes is not None or policy is not None:
-            self.writer.evict(self.make_room).add_done_callback(self._evicted)
-            self.complete = False
-
-    def _evicted(self, fut: Any) -> None:
+    def count_evicted(self, fut: Any) -> None:
         if fut.exception() is None:
             ids = fut.result()
             self.evicted_shards += len(ids)

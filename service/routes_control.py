@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from samplecache.service.daemon import ConfigError
+from samplecache.service.control import ConfigError, configure
 from samplecache.service.deps import DaemonDep, TokenDep
 from samplecache.service.models import ConfigIn, ConfigOut, Problem, SamplerControl, ShardPage
 
@@ -72,7 +72,7 @@ async def get_config(d: DaemonDep) -> Any:
 async def patch_config(d: DaemonDep, body: ConfigIn) -> Any:
     """Change the budget, eviction policy, free-disk guard or epoch cap at runtime (until restart)."""
     try:
-        d.configure(max_bytes=_size("max_bytes", body.max_bytes), policy=body.eviction_policy,
+        configure(d, max_bytes=_size("max_bytes", body.max_bytes), policy=body.eviction_policy,
                     min_free_disk=_size("min_free_disk", body.min_free_disk),
                     epoch_max_samples=body.epoch_max_samples)
     except ConfigError as e:

@@ -279,7 +279,7 @@ def check_samples(samples: Iterable[dict[str, Any]], by_id: dict[int, dict[str, 
     return ids
 
 
-def exactly_once(ids: list[int], total: int) -> None:
+def check_exactly_once(ids: list[int], total: int) -> None:
     dupes = len(ids) - len(set(ids))
     missing = set(range(total)) - set(ids)
     assert dupes == 0 and not missing and len(ids) == total, (
@@ -292,7 +292,7 @@ class Truth:
     expected_rows = staticmethod(expected_rows)
     same_value = staticmethod(same_value)
     check_samples = staticmethod(check_samples)
-    exactly_once = staticmethod(exactly_once)
+    check_exactly_once = staticmethod(check_exactly_once)
 
 
 @pytest.fixture(scope="session")

@@ -81,12 +81,12 @@ def test_num_workers_every_sample_once_with_default_collate(url: str, by_id: Any
         assert batch["tensor"].dtype == torch.float32 and batch["tensor"].shape[1:] == (4, 3)
         check_batch_values(batch, by_id, NUMERIC)
         ids += batch["id"].tolist()
-    truth.exactly_once(ids, TOTAL)
+    truth.check_exactly_once(ids, TOTAL)
 
 
 def test_all_columns_per_sample_match_the_parquet_truth(url: str, by_id: Any, truth: Any) -> None:
     loader = DataLoader(SampleCacheDataset(url, seed=2), batch_size=None, num_workers=2, collate_fn=keep)
-    truth.exactly_once(truth.check_samples(loader, by_id), TOTAL)
+    truth.check_exactly_once(truth.check_samples(loader, by_id), TOTAL)
 
 
 def test_pin_memory_on_a_cpu_only_build_warns_and_still_delivers_everything(url: str, truth: Any) -> None:
@@ -101,7 +101,7 @@ def test_pin_memory_on_a_cpu_only_build_warns_and_still_delivers_everything(url:
         with pytest.warns(UserWarning, match="pin_memory"):
             batches = list(loader)
         assert not any(b["tensor"].is_pinned() for b in batches)
-    truth.exactly_once([i for b in batches for i in b["id"].tolist()], TOTAL)
+    truth.check_exactly_once([i for b in batches for i in b["id"].tolist()], TOTAL)
 
 
 def test_pin_memory_on_the_batched_path(url: str, truth: Any) -> None:
@@ -109,7 +109,7 @@ def test_pin_memory_on_the_batched_path(url: str, truth: Any) -> None:
     loader = DataLoader(ds, batch_size=None, num_workers=2, pin_memory=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        truth.exactly_once(batch_ids(loader), TOTAL)
+        truth.check_exactly_once(batch_ids(loader), TOTAL)
 
 
 def test_persistent_workers_advance_the_epoch_without_set_epoch(url: str, truth: Any) -> None:
@@ -119,7 +119,7 @@ def test_persistent_workers_advance_the_epoch_without_set_epoch(url: str, truth:
     pids_before = None
     for epoch in range(3):
         ids = batch_ids(loader)
-        truth.exactly_once(ids, TOTAL)
+        truth.check_exactly_once(ids, TOTAL)
         assert ds.current_epoch() == epoch, f"iteration {epoch} read epoch {ds.current_epoch()}"
         pids = sorted(w.pid for w in loader._iterator._workers)  # type: ignore[union-attr]
         assert pids_before is None or pids == pids_before, "persistent workers were restarted"
@@ -138,7 +138,7 @@ def test_non_persistent_workers_also_advance_the_epoch(url: str, truth: Any) -> 
     loader = DataLoader(ds, batch_size=16, num_workers=2)
     seen = []
     for epoch in range(2):
-        truth.exactly_once(batch_ids(loader), TOTAL)
+        truth.check_exactly_once(batch_ids(loader), TOTAL)
         seen.append(ds.current_epoch())
     assert seen == [0, 1]
 
@@ -146,7 +146,7 @@ def test_non_persistent_workers_also_advance_the_epoch(url: str, truth: Any) -> 
 def test_prefetch_factor_4(url: str, truth: Any) -> None:
     ds = SampleCacheDataset(url, columns=["id"], seed=5)
     loader = DataLoader(ds, batch_size=8, num_workers=2, prefetch_factor=4)
-    truth.exactly_once(batch_ids(loader), TOTAL)
+    truth.check_exactly_once(batch_ids(loader), TOTAL)
 
 
 def collate_ids_and_text(samples: list[dict[str, Any]]) -> tuple[list[int], list[str], int]:
@@ -162,7 +162,7 @@ def test_custom_collate_fn(url: str, by_id: Any, truth: Any) -> None:
         assert all(isinstance(t, str) for t in texts)
         assert texts == [by_id[i]["text"] for i in got_ids]
         ids += got_ids
-    truth.exactly_once(ids, TOTAL)
+    truth.check_exactly_once(ids, TOTAL)
 
 
 def record_pid(sample: dict[str, Any]) -> dict[str, Any]:
@@ -176,7 +176,7 @@ def test_transform_runs_in_the_workers(url: str, truth: Any, workers: int) -> No
     ds = SampleCacheDataset(url, columns=["id"], transform=record_pid, seed=7)
     loader = DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=keep)
     samples = list(loader)
-    truth.exactly_once([int(s["id"]) for s in samples], TOTAL)
+    truth.check_exactly_once([int(s["id"]) for s in samples], TOTAL)
     assert all(s["doubled"] == 2 * int(s["id"]) for s in samples)
     pids = {s["pid"] for s in samples}
     if workers == 0:
@@ -196,7 +196,7 @@ def test_transform_on_the_batched_path_gets_whole_batches(url: str, truth: Any) 
     batches = list(DataLoader(ds, batch_size=None, num_workers=2))
     assert {b["worker"] for b in batches} == {0, 1}
     assert os.getpid() not in {b["pid"] for b in batches}
-    truth.exactly_once([i for b in batches for i in b["id"].tolist()], TOTAL)
+    truth.check_exactly_once([i for b in batches for i in b["id"].tolist()], TOTAL)
 
 
 @pytest.mark.parametrize("cols", [["id"], ["text", "id", "tensor"], ["maybe_text", "id", "var_list", "blob"]])
@@ -204,7 +204,7 @@ def test_columns_projection_yields_only_those_keys(url: str, by_id: Any, truth: 
     ds = SampleCacheDataset(url, columns=cols, seed=8)
     samples = list(DataLoader(ds, batch_size=None, num_workers=2, collate_fn=keep))
     assert all(sorted(s) == sorted(cols) for s in samples)
-    truth.exactly_once(truth.check_samples(samples, by_id, columns=cols), TOTAL)
+    truth.check_exactly_once(truth.check_samples(samples, by_id, columns=cols), TOTAL)
 
 
 def test_unknown_column_is_a_key_error_naming_the_cached_columns(url: str) -> None:
@@ -222,7 +222,7 @@ def test_shuffle_buffer_keeps_exactly_once(url: str, truth: Any, workers: int, b
     mixed.set_epoch(3)
     a = batch_ids(DataLoader(plain, batch_size=16, num_workers=workers))
     b = batch_ids(DataLoader(mixed, batch_size=16, num_workers=workers))
-    truth.exactly_once(b, TOTAL)
+    truth.check_exactly_once(b, TOTAL)
     assert a != b, "shuffle_buffer did not change the order"
     again = SampleCacheDataset(url, columns=["id"], seed=9, shuffle_buffer=buffer)
     again.set_epoch(3)
@@ -255,7 +255,7 @@ def test_batched_path_tensors_dtype_shape_and_the_short_last_batch(url: str, by_
         check_batch_values(batch, by_id, cols)
     sizes = [len(x["id"]) for x in batches]
     ids = [i for x in batches for i in x["id"].tolist()]
-    truth.exactly_once(ids, TOTAL)
+    truth.check_exactly_once(ids, TOTAL)
     shorts = sorted(s for s in sizes if s != b)
     assert shorts == sorted(n % b for n in worker_sizes(max(1, workers)) if n % b), (shorts, sizes)
 
@@ -276,7 +276,7 @@ def test_batched_path_drop_last_drops_only_each_readers_short_batch(url: str, wo
 
 def test_batched_path_with_a_shuffle_buffer(url: str, truth: Any) -> None:
     ds = SampleCacheDataset(url, columns=["id"], seed=12, batch_size=20, shuffle_buffer=100)
-    truth.exactly_once(batch_ids(DataLoader(ds, batch_size=None, num_workers=2)), TOTAL)
+    truth.check_exactly_once(batch_ids(DataLoader(ds, batch_size=None, num_workers=2)), TOTAL)
 
 
 @pytest.mark.parametrize("opts", [{}, {"prefetch_factor": 4}, {"persistent_workers": True}, {"pin_memory": True}])
@@ -298,7 +298,7 @@ def test_sample_cache_loader_batched_ring_path_values_survive_slot_reuse(url: st
                 assert batch["tensor"].dtype == torch.float32 and batch["tensor"].shape[1:] == (4, 3)
                 assert batch["vec"].dtype == torch.int16 and isinstance(batch["text"], list)
                 check_batch_values(batch, by_id, cols)
-            truth.exactly_once([i for b in kept for i in b["id"].tolist()], TOTAL)
+            truth.check_exactly_once([i for b in kept for i in b["id"].tolist()], TOTAL)
 
 
 def test_a_dataset_used_by_sample_cache_loader_still_works_in_a_plain_dataloader(url: str) -> None:

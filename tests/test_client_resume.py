@@ -45,7 +45,7 @@ def ids_of(item: Any) -> list[int]:
     return [int(i) for i in item["id"].reshape(-1).tolist()] if hasattr(item["id"], "reshape") else [int(item["id"])]
 
 
-def exactly_once(ids: list[int]) -> None:
+def check_exactly_once(ids: list[int]) -> None:
     dupes = sorted({i for i in ids if ids.count(i) > 1}) if len(ids) != len(set(ids)) else []
     missing = sorted(set(range(TOTAL)) - set(ids))
     assert not dupes and not missing and len(ids) == TOTAL, (
@@ -123,7 +123,7 @@ def test_sigkill_mid_epoch_then_resume_in_a_new_process(url: str, tmp_path: Path
     last = start(url, tmp_path, {**base, "run": "final", "sleep": 0.0}, state_path)
     assert last.wait(120) == 0, (tmp_path / "log-final.txt").read_text()[-3000:]
     after = [i for line in complete_lines(tmp_path / "ids-final.jsonl") for i in line]
-    exactly_once(got + after)
+    check_exactly_once(got + after)
     done = json.loads((tmp_path / "done-final.json").read_text())
     assert done["epoch"] == epoch
     # the first run's batches are exactly what an uninterrupted run starts with (same seed -> same order)
@@ -159,7 +159,7 @@ def test_dataset_state_dict_in_process(url: str, batch_size: int | None, shuffle
     fresh.load_state_dict(state)
     after = [i for item in fresh for i in ids_of(item)]
     assert after == rest_here, "the resumed stream differs from the rest of the original one"
-    exactly_once(before + after)
+    check_exactly_once(before + after)
     assert fresh.current_epoch() == 4
     nxt = take(iter(fresh), 3 if batch_size is None else 1)  # the next iteration is the next epoch, from the start
     assert fresh.current_epoch() == 5 and nxt
@@ -168,7 +168,7 @@ def test_dataset_state_dict_in_process(url: str, batch_size: int | None, shuffle
 def test_dataset_state_at_the_end_of_the_epoch_resumes_to_nothing(url: str) -> None:
     ds = SampleCacheDataset(url, columns=["id"], seed=5)
     ds.set_epoch(1)
-    exactly_once([int(s["id"]) for s in ds])
+    check_exactly_once([int(s["id"]) for s in ds])
     state = ds.state_dict()
     assert state["skip"] == [TOTAL]
     fresh = SampleCacheDataset(url, columns=["id"], seed=5)
@@ -196,9 +196,9 @@ def test_loader_state_dict_with_workers_in_process(url: str, workers: int, batch
     resumed = make()
     resumed.load_state_dict(state)
     after = [i for batch in resumed for i in ids_of(batch)]
-    exactly_once(before + after)
+    check_exactly_once(before + after)
     # and after the resumed epoch the loader goes on with the next epoch, whole
-    exactly_once([i for batch in resumed for i in ids_of(batch)])
+    check_exactly_once([i for batch in resumed for i in ids_of(batch)])
     assert resumed.dataset.current_epoch() == 4  # type: ignore[attr-defined]
 
 
@@ -235,7 +235,7 @@ def test_dataset_resume_applies_to_the_next_iteration_only(url: str) -> None:
     ds.load_state_dict({"epoch": 3, "skip": [300], "seed": 5, "shuffle": True})
     assert len(list(ds)) == TOTAL - 300
     ds.set_epoch(3)  # read epoch 3 again, whole
-    exactly_once([int(s["id"]) for s in ds])
+    check_exactly_once([int(s["id"]) for s in ds])
 
 
 def test_resume_survives_the_usual_set_epoch_at_the_top_of_the_epoch_loop(url: str) -> None:
@@ -253,8 +253,8 @@ def test_resume_survives_the_usual_set_epoch_at_the_top_of_the_epoch_loop(url: s
         resumed.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
         ids = [i for batch in resumed for i in ids_of(batch)]
         epochs.append(ids)
-    exactly_once(before + epochs[0])
-    exactly_once(epochs[1])
+    check_exactly_once(before + epochs[0])
+    check_exactly_once(epochs[1])
 
 
 def loader_state_after(url: str, epoch: int, k: int, resume: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -287,7 +287,7 @@ def test_loader_state_before_the_first_batch_resumes_the_whole_epoch(url: str) -
     assert state["batches"] == 0 and state["skip"] == [0, 0]
     resumed = SampleCacheLoader(SampleCacheDataset(url, columns=["id"], seed=8), batch_size=16, num_workers=2)
     resumed.load_state_dict(state)
-    exactly_once([i for batch in resumed for i in ids_of(batch)])
+    check_exactly_once([i for batch in resumed for i in ids_of(batch)])
 
 
 def test_two_worker_state_into_a_three_worker_loader_is_a_clear_value_error(url: str) -> None:

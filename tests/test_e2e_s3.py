@@ -70,7 +70,7 @@ def test_dataloader_two_epochs_every_sample_once_and_bit_identical(daemon: Any, 
     orders = []
     for epoch in range(2):
         ids = truth.check_samples(iter(loader), typed_dataset.by_id)
-        truth.exactly_once(ids, total)
+        truth.check_exactly_once(ids, total)
         orders.append(ids)
     assert orders[0] != orders[1], "epoch 1 was delivered in the same order as epoch 0 (no reshuffle)"
     status = get(d.url + "/v1/status").json()
@@ -108,7 +108,7 @@ def test_default_collate_batches_of_a_numeric_projection(daemon: Any, typed_data
                 exp = np.asarray(by_id[sid][name])
                 assert got.dtype == exp.dtype and got.shape == exp.shape and got.tobytes() == exp.tobytes(), (
                     f"id {sid} column {name}: {got!r} != {exp!r}")
-    truth.exactly_once(ids, total)
+    truth.check_exactly_once(ids, total)
     assert max(sizes) == 8 and all(1 <= s <= 8 for s in sizes)
     assert sum(s < 8 for s in sizes) <= 2  # at most one short last batch per worker
 
@@ -153,7 +153,7 @@ def test_restart_keeps_the_cache_and_the_sealed_manifests(daemon: Any, typed_dat
     total = typed_dataset.rows
     before = read_epoch(d.url, 0, min_samples=total)
     order = truth.check_samples(before, typed_dataset.by_id)
-    truth.exactly_once(order, total)
+    truth.check_exactly_once(order, total)
     status = get(d.url + "/v1/status").json()
     sealed = [e["epoch"] for e in status["epochs"]]  # 0, and 1 if the client prefetched it
     manifests = {n: get(d.url + f"/v1/epochs/{n}").body for n in sealed}
