@@ -18,7 +18,7 @@ import json
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import lmdb
 
@@ -143,12 +143,6 @@ class Catalog:
         if raw is not None:
             self._remember(epoch, bytes(raw))
         return raw
-
-    def iter_manifests(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        for n in self.epochs():
-            raw = self.manifest_bytes(n)
-            if raw is not None:
-                yield n, json.loads(raw)
 
     # -- updates (called by the writer after a commit) -----------------------------------
     def _remember(self, epoch: int, raw: bytes) -> None:
