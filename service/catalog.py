@@ -22,6 +22,8 @@ from typing import Any
 
 import lmdb
 
+from samplecache.record import pack_shard_table
+
 DBS = (b"records", b"shards", b"epochs", b"files", b"meta")
 MANIFEST_CACHE = 8
 
@@ -71,6 +73,7 @@ class Catalog:
         self._lock = threading.RLock()
         self._state = CatalogState()
         self._manifests: "OrderedDict[int, bytes]" = OrderedDict()
+        self._compact: dict[int, bytes] = {}
         self.resident_bytes = 0
         self.resident_rows = 0
         self._units: Counter[tuple[str, int]] = Counter()
@@ -129,6 +132,24 @@ class Catalog:
     def files(self) -> dict[str, dict[str, Any]]:
         with self._lock:
             return dict(self._state.files)
+
+    def compact_manifest(self, epoch: int) -> bytes | None:
+        """The manifest with its shard table packed (record.pack_shard_table): what the client fetches."""
+        with self._lock:
+            got = self._compact.get(epoch)
+        if got is not None:
+            return got
+        raw = self.manifest_bytes(epoch)
+        if raw is None:
+            return None
+        manifest = json.loads(raw)
+        manifest["shards_packed"] = pack_shard_table(manifest.pop("shards"))
+        got = json.dumps(manifest, separators=(",", ":")).encode()
+        with self._lock:
+            self._compact[epoch] = got
+            while len(self._compact) > MANIFEST_CACHE:
+                self._compact.pop(next(iter(self._compact)))
+        return got
 
     def manifest_bytes(self, epoch: int) -> bytes | None:
         """The sealed manifest of ``epoch`` as stored (JSON bytes), or None."""

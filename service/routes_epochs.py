@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import Response
@@ -23,7 +23,8 @@ LeaseId = Annotated[str, Path(min_length=1, max_length=64, pattern="^[0-9a-f]+$"
 async def get_epoch(d: DaemonDep, epoch: Epoch,
                     min_samples: Annotated[int, Query(ge=0, le=2**62, description="Wait until the cache holds this many samples before sealing")] = 1,
                     timeout: Annotated[float, Query(ge=0, le=3600, description="Longest wait for min_samples (s)")] = 30.0,
-                    max_samples: Annotated[int | None, Query(ge=0, le=2**62, description="Cap on this epoch's samples (default: --epoch-max-samples)")] = None) -> Response:
+                    max_samples: Annotated[int | None, Query(ge=0, le=2**62, description="Cap on this epoch's samples (default: --epoch-max-samples)")] = None,
+                    format: Annotated[Literal["json", "compact"], Query(description="compact: the shard table packed as `shards_packed` (what the client uses)")] = "json") -> Response:
     """The manifest of ``epoch``. The first call seals it from the shards resident now."""
     if d.schema is None and d.catalog.manifest_bytes(epoch) is None:
         raise HTTPException(503, f"the source is not discovered yet: {d.last_error or 'discovering'}",
@@ -33,6 +34,8 @@ async def get_epoch(d: DaemonDep, epoch: Epoch,
     except EpochError as e:
         headers = {"Retry-After": str(int(e.retry_after))} if e.retry_after else None
         raise HTTPException(e.status, e.message, headers=headers) from None
+    if format == "compact":
+        raw = await asyncio.to_thread(d.catalog.compact_manifest, epoch) or raw
     return Response(raw, media_type="application/json")
 
 

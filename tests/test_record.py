@@ -469,3 +469,13 @@ def test_keys_out_of_range_raise() -> None:
         record_key(-1, 0)
     with pytest.raises(OverflowError):
         record_key(0, 2**32)
+
+
+def test_packed_shard_table_round_trips() -> None:
+    from samplecache.record import pack_shard_table, unpack_shard_table
+
+    table = [[5, 100, 4096, 40], [9, 7, 300, 7], [10, 1, 1 << 33, 1]]
+    assert unpack_shard_table(pack_shard_table(table)).tolist() == table
+    assert unpack_shard_table(pack_shard_table([])).shape == (0, 4)
+    big = [[i * 3 + 1, 100, 5000, 40] for i in range(100_000)]
+    assert len(pack_shard_table(big)) < len(str(big)) // 50
