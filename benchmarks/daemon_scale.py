@@ -550,6 +550,14 @@ def run_scale(spec: CacheSpec, root: Path, clients: int, k: int, procs: int) -> 
             problems.append(f"{c['errors']} failed/mismatched responses of {clients * k}: {c['error_examples']}")
         log(f"scale: {clients} clients x {k}: p50 {c.get('p50_ms', 0):.1f} ms, p95 {c.get('p95_ms', 0):.1f} ms, "
             f"p99 {c.get('p99_ms', 0):.1f} ms, max {c.get('max_ms', 0):.1f} ms, {c['mb_per_s']:.0f} MB/s")
+        compact = http_get(d.url + "/v1/epochs/0?format=compact")  # what the client fetches
+        res["compact_manifest_bytes"] = len(compact)
+        res["concurrent_compact"] = load(d.port, path + "?format=compact", clients, k, compact, procs)
+        c = res["concurrent_compact"]
+        if c["errors"] or c["requests"] != clients * k:
+            problems.append(f"compact: {c['errors']} failed/mismatched responses: {c['error_examples']}")
+        log(f"scale: compact manifest ({human(len(compact))}), {clients} clients x {k}: p50 "
+            f"{c.get('p50_ms', 0):.1f} ms, p99 {c.get('p99_ms', 0):.1f} ms, max {c.get('max_ms', 0):.1f} ms")
         res["memory_after_load"] = memory(pid)
         res["status_after_load"] = sequential(d.url + "/v1/status", 20)
     finally:
