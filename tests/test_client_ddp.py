@@ -24,6 +24,7 @@ import client_common as cc  # noqa: E402
 
 from samplecache import SampleCacheDataset  # noqa: E402
 from samplecache.daemon_api import fetch_manifest  # noqa: E402
+from samplecache.record import unpack_shard_table  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -201,7 +202,7 @@ def test_shuffle_false_reads_in_manifest_order(cached: Any, runs: dict[str, Any]
     manifest = fetch_manifest(cached.url, 0)
     expected = cc.manifest_order_ids(manifest)  # straight from LMDB: shard by shard, row 0 first
     assert sorted(expected) == list(range(cc.TOTAL))
-    first_shard = manifest["shards"][0]
+    first_shard = unpack_shard_table(manifest["shards_packed"])[0]  # fetch_manifest asks for the compact form
     assert per_worker(res[0], 0)[0][0] == expected[0], (
         f"rank 0 worker 0 should start with row 0 of shard {first_shard[0]} (id {expected[0]})")
     check_equal_ranks(res, 0)

@@ -34,7 +34,7 @@ from parquet_data import write_dataset  # noqa: E402
 
 from samplecache.launch import DaemonProcess  # noqa: E402
 from samplecache.reader import open_cache  # noqa: E402
-from samplecache.record import BlockView, Schema, record_key  # noqa: E402
+from samplecache.record import BlockView, Schema, record_key, unpack_shard_table  # noqa: E402
 
 FILES, ROWS_PER_FILE, ROW_GROUP = 3, 397, 61
 TOTAL = FILES * ROWS_PER_FILE  # 1191
@@ -113,7 +113,9 @@ def manifest_order_ids(manifest: dict[str, Any]) -> list[int]:
     env, db = open_cache(manifest["lmdb_path"], int(manifest["map_size"]))
     out: list[int] = []
     with env.begin() as txn:
-        for sid, rows, _bytes, rpb in manifest["shards"]:
+        table = (unpack_shard_table(manifest["shards_packed"]) if "shards_packed" in manifest
+                 else manifest["shards"])  # the client fetches the compact form
+        for sid, rows, _bytes, rpb in (map(int, entry) for entry in table):
             got: list[int] = []
             for b in range(-(-rows // rpb)):
                 buf = txn.get(record_key(int(sid), b), db=db)
