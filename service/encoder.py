@@ -6,7 +6,6 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from samplecache.record import Column, ColumnData, Schema, encode_block
 
