@@ -17,8 +17,10 @@ from typing import Any
 
 class EpochClock:
     def __init__(self, start: int = 0) -> None:
-        # [next epoch, has key, key part a, key part b, agreed epoch, agreed samples per rank]
-        self._shared: Any = mp.get_context("spawn").Array("q", [start, 0, 0, 0, -1, 0])
+        # [next epoch, has key, key part a, key part b, agreed epoch, agreed samples per rank].
+        # The fork context's lock is an unnamed semaphore (unlinked at once): nothing can be left in
+        # /dev/shm, whatever kills the trainer. Workers started by spawn/forkserver get a local copy.
+        self._shared: Any = mp.get_context("fork").Array("q", [start, 0, 0, 0, -1, 0])
         self._local_next = start  # used when the shared record could not travel (pickled by hand)
 
     def set(self, epoch: int) -> None:
@@ -73,6 +75,10 @@ class EpochClock:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        if get_spawning_popen() is None:
-            state["_shared"] = None  # only a spawning process may inherit shared memory
+        popen = get_spawning_popen()
+        if popen is None or not type(popen).__module__.endswith("popen_fork"):
+            state["_shared"] = None  # only forked processes share it (pickled by hand, or spawn/forkserver)
+            if self._shared is not None:
+                with self._shared.get_lock():
+                    state["_local_next"] = int(self._shared[0])
         return state
