@@ -336,19 +336,24 @@ def test_sigkill_loop_leaves_a_consistent_cache(daemon: Any, crash_dataset: Cras
                 before = check_cache(cache, decode=False)
                 after = kill(d, before, "early" if kind == "starting" else kind)
 
-                # staging leftovers of the killed run: .tmp garbage, complete .shard files (catalogued or not)
-                pending: dict[str, str] = {}   # name -> key of complete staging files not ingested yet
-                for name in staging_files(cache):
-                    if name.endswith(TMP_SUFFIX):
-                        stats["tmp_left"] += 1
-                    elif name.endswith(SUFFIX):
-                        stats["shard_left"] += 1
-                        key = staged_key(cache / "staging" / name)
-                        assert key is not None, f"a .shard staging file is not complete: {name}"
-                        if key in after.keys:
-                            stats["shard_left_already_catalogued"] += 1
-                        else:
-                            pending[name] = key
+                def leftovers(after: Any) -> dict[str, str]:
+                    """Staging leftovers of a killed run: .tmp garbage, complete .shard files (catalogued or
+                    not); returns name -> key of the complete ones not ingested yet."""
+                    pending: dict[str, str] = {}
+                    for name in staging_files(cache):
+                        if name.endswith(TMP_SUFFIX):
+                            stats["tmp_left"] += 1
+                        elif name.endswith(SUFFIX):
+                            stats["shard_left"] += 1
+                            key = staged_key(cache / "staging" / name)
+                            assert key is not None, f"a .shard staging file is not complete: {name}"
+                            if key in after.keys:
+                                stats["shard_left_already_catalogued"] += 1
+                            else:
+                                pending[name] = key
+                    return pending
+
+                pending = leftovers(after)
                 stats["ingested"] += after.next_shard - base  # type: ignore[operator]
 
                 if kind == "starting" and stats["kills"] < KILLS:
@@ -357,6 +362,8 @@ def test_sigkill_loop_leaves_a_consistent_cache(daemon: Any, crash_dataset: Cras
                     runs.append(d)
                     time.sleep(rng.uniform(0.2, 2.5))
                     after = kill(d, after, "starting")
+                    # its recovery may have committed a leftover and been killed before deleting the file
+                    pending = leftovers(after)
 
                 t_restart = time.time()
                 d = daemon(crash_dataset.url, cache, extra=extra, timeout=60)
