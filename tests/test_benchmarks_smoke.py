@@ -232,7 +232,7 @@ def test_ingest_quick(tmp_path: Path) -> None:
         assert set(stages["stages"]) == {"open_footer", "read_row_group", "encode", "stage_write", "stage_fsync",
                                          "lmdb_ingest"}, report
         assert all(v["seconds"] >= 0 for v in stages["stages"].values()), report
-        assert "run_task" in r["cprofile"], report
+        assert "function calls" in r["cprofile"], report  # a cProfile table was taken (its top rows vary)
         assert r["variants"]["rows"] and all(v["mb_per_s"] > 0 for v in r["variants"]["rows"]), report
     for text in ("x raw", "where a sampler's time goes", "cProfile of run_task"):
         assert text in proc.stdout, report
