@@ -83,7 +83,11 @@ from samplecache.service.catalog import Catalog, Shard, u64
 from samplecache.service.daemon import map_size_for
 from samplecache.service.encoder import infer_schema
 from samplecache.service.remote import FsspecRemote
+from samplecache.service.cli import human
 from samplecache.service.writer import Writer, open_env
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from read_throughput import read_json, write_json  # noqa: E402
 
 BENCH_FORMAT = 1
 MB = 1e6
@@ -103,27 +107,6 @@ def parse_size(s: str) -> int:
         if s.upper().endswith(u):
             return int(float(s[: -len(u)]) * m)
     return int(s)
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    tmp.replace(path)
 
 
 def pct(values: list[float], q: float) -> float:
