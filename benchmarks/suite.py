@@ -30,6 +30,9 @@ Loaders (DataLoader batch size 256 for SMALL and 8 for LARGE, default collate, s
 * ``samplecache-loader``   the same batched dataset through ``samplecache.SampleCacheLoader(batch_size=None)``
                            (the client's DataLoader subclass: with workers, batches come back through its
                            reused shared-memory ring instead of one new shared-memory segment per tensor).
+* ``samplecache-loader-ps`` the per-sample dataset of ``samplecache`` through
+                           ``SampleCacheLoader(batch_size=B)``: the user's code is the per-sample one, and the
+                           loader has the dataset make the (identical) batches by vectorised gathers.
 * peers: ``lmdb-pickle`` (naive map-style LMDB + pickle, RandomSampler), ``parquet-arrow`` (pyarrow
   IterableDataset), ``streaming`` (MosaicML Streaming, local MDS), ``litdata`` (LitData, local chunks,
   StreamingDataLoader), ``webdataset`` (local tars); details in ``benchmarks/peers.py``.
@@ -73,7 +76,7 @@ import read_throughput as rt  # noqa: E402
 
 SUITE_FORMAT = 1
 PEERS = ["lmdb-pickle", "parquet-arrow", "streaming", "litdata", "webdataset"]
-SAMPLECACHE = ["samplecache", "samplecache-batched", "samplecache-loader"]
+SAMPLECACHE = ["samplecache", "samplecache-batched", "samplecache-loader", "samplecache-loader-ps"]
 LOADERS = ["lmdb-limit", "lmdb-block", *SAMPLECACHE, *PEERS]
 EXTERNAL = {"streaming": "streaming", "litdata": "litdata", "webdataset": "webdataset"}  # loader -> pe.missing key
 WORKER_TIMEOUT_S = 600  # a DataLoader worker that sends nothing for this long fails the row (hangs)
@@ -281,6 +284,10 @@ class DatasetRun:
                             from samplecache import SampleCacheLoader
                             ds = SampleCacheDataset(d.url, shuffle=True, batch_size=B)
                             dl = SampleCacheLoader(ds, batch_size=None, **dl_kwargs(w))
+                        elif loader == "samplecache-loader-ps":
+                            from samplecache import SampleCacheLoader
+                            ds = SampleCacheDataset(d.url, shuffle=True)
+                            dl = SampleCacheLoader(ds, batch_size=B, **dl_kwargs(w))
                         else:
                             ds = SampleCacheDataset(d.url, shuffle=True)
                             dl = DataLoader(ds, batch_size=B, **dl_kwargs(w))
@@ -320,8 +327,8 @@ TARGETS = [
     ("LARGE w=2: samplecache vs the best peer", "large", 2, SAMPLECACHE, "peer", 3.0),
     ("SMALL w=0: batched vs the best peer", "small", 0, ["samplecache-batched", "samplecache-loader"], "peer", 5.0),
     ("SMALL w=2: batched vs the best peer", "small", 2, ["samplecache-batched", "samplecache-loader"], "peer", 5.0),
-    ("SMALL w=0: per-sample vs the best peer", "small", 0, ["samplecache"], "peer", 1.5),
-    ("SMALL w=2: per-sample vs the best peer", "small", 2, ["samplecache"], "peer", 1.5),
+    ("SMALL w=0: per-sample vs the best peer", "small", 0, ["samplecache", "samplecache-loader-ps"], "peer", 1.5),
+    ("SMALL w=2: per-sample vs the best peer", "small", 2, ["samplecache", "samplecache-loader-ps"], "peer", 1.5),
 ]
 
 
@@ -521,7 +528,9 @@ Method (details in the docstrings of `benchmarks/suite.py` and `benchmarks/peers
 * samplecache rows: `samplecache` = per-sample `SampleCacheDataset` + `DataLoader(batch_size=B)`;
   `samplecache-batched` = `SampleCacheDataset(batch_size=B)` + `DataLoader(batch_size=None)`;
   `samplecache-loader` = the same batched dataset through `SampleCacheLoader(batch_size=None)`
-  (the client's DataLoader subclass, which brings worker batches back through a shared-memory ring).
+  (the client's DataLoader subclass, which brings worker batches back through a shared-memory ring);
+  `samplecache-loader-ps` = the per-sample dataset through `SampleCacheLoader(batch_size=B)` (which has
+  the dataset make the same batches by vectorised gathers).
 * Warm page cache: one untimed warm-up pass, then the median of the timed passes.
 * Every pass (warm-up included) is verified: sample count, sum of labels and a checksum over a
   strided subset of every sample's `x`, against the ground truth from the Parquet data.

@@ -15,6 +15,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from samplecache.daemon_api import DaemonError, fetch_manifest
 from samplecache.epoch_clock import EpochClock
 from samplecache.lease import LeaseKeeper
+from samplecache.gather import default_threads
 from samplecache.partition import PARTIAL, part_range, rank_range, shard_order, spans_for
 from samplecache.prefetch import prefetched
 from samplecache.reader import CacheReader, split_batch
@@ -23,6 +24,8 @@ from samplecache.stream import Stream
 from samplecache.transport import Ring, ring_batch
 
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
+AHEAD_BYTES = 8 << 20  # read ahead by the prefetch thread, beyond one chunk or batch
+BATCH_ALONE_BYTES = 1 << 20  # a batch at least this large is gathered on its own
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 
@@ -101,6 +104,7 @@ class EpochPlan:
         self.ids, self.rows, self.rows_per_block = table[:, 0].copy(), table[:, 1].copy(), table[:, 3].copy()
         self.total = int(self.rows.sum())
         sample_bytes = max(1, int(manifest.get("bytes", 0)) // max(1, self.total))
+        self.sample_bytes = sample_bytes
         self.chunk = int(min(4096, max(1, CHUNK_BYTES // sample_bytes)))  # positions per read transaction
         self.reader = CacheReader(manifest["lmdb_path"], int(manifest["map_size"]), self.schema)
 
@@ -122,7 +126,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
                  transform: Callable[[Any], Any] | None = None, shuffle: bool = True, seed: int = 0,
                  *, batch_size: int | None = None, drop_last: bool = False, shuffle_buffer: int = 0,
                  partial: str = "pad", min_samples: int = 1, wait: float = 60.0, token: str | None = None,
-                 retries: int = 5, lease: bool = True, prefetch_next: bool = True, prefetch: int = 2) -> None:
+                 retries: int = 5, lease: bool = True, prefetch_next: bool = True, prefetch: int = 2,
+                 copy_threads: int | None = None) -> None:
         super().__init__()
         if partial not in PARTIAL:
             raise ValueError(f"partial must be one of {PARTIAL}, not {partial!r}")
@@ -144,6 +149,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self.lease = lease
         self.prefetch_next = prefetch_next
         self.prefetch = int(prefetch)
+        self.copy_threads = copy_threads
         self._clock = EpochClock(0)
         self._topology = topology()
         self._iterations = 0
@@ -289,25 +295,40 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
             if keeper is not None:
                 keeper.release()
 
-    def _ahead(self) -> int:
-        """Chunks or batches read ahead by a thread: in-process reading only (workers are ahead already)."""
-        return self.prefetch if get_worker_info() is None else 0
+    def _threads(self) -> int:
+        """Threads that copy a large batch: several in-process, one in a DataLoader worker (the workers
+        already use the cores), unless ``copy_threads`` says otherwise."""
+        if self.copy_threads is not None:
+            return max(1, int(self.copy_threads))
+        return default_threads() if get_worker_info() is None else 1
+
+    def _ahead(self, item_bytes: int) -> int:
+        """Chunks or batches read ahead by a thread: in-process reading only (workers are ahead already),
+        and no more than ``AHEAD_BYTES`` (beyond one item): memory the consumer just freed is reused
+        while it is still in the CPU's cache."""
+        if get_worker_info() is not None or self.prefetch <= 0:
+            return 0
+        return max(1, min(self.prefetch, AHEAD_BYTES // max(1, item_bytes)))
 
     def _samples(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
         pos = start
-        chunks = (plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols)
+        threads = self._threads()
+        chunks = (plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, threads=threads)
                   for idx, rows in stream.chunks(start, chunk=plan.chunk, first=FIRST_CHUNK))
-        for chunk in prefetched(chunks, self._ahead()):
+        for chunk in prefetched(chunks, self._ahead(plan.chunk * plan.sample_bytes)):
             for sample in split_batch(chunk):
                 pos += 1
                 yield pos, sample
 
     def _batches(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
-        return prefetched(self._make_batches(plan, stream, start), self._ahead())
+        ahead = self._ahead(int(self.batch_size or 1) * plan.sample_bytes)
+        return prefetched(self._make_batches(plan, stream, start), ahead)
 
     def _make_batches(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
         b = int(self.batch_size or 1)
-        per_chunk = max(1, plan.chunk // b)  # batches gathered together (about CHUNK_BYTES at a time)
+        # small batches are gathered together (about CHUNK_BYTES at a time); large ones one by one, so
+        # each is written into the memory the consumer's previous batch just freed (still in cache)
+        per_chunk = max(1, plan.chunk // b) if b * plan.sample_bytes < BATCH_ALONE_BYTES else 1
         pos = start
         pend_idx: list[np.ndarray] = []
         pend_rows: list[np.ndarray] = []
@@ -336,14 +357,16 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
             for a in range(0, len(idx), b):
                 yield self._collate(plan, idx[a:a + b], rows[a:a + b])
             return
-        gathered = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols)
+        gathered = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols,
+                                     threads=self._threads())
         tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in gathered.items()}
         for a in range(0, len(idx), b):
             yield {k: v[a:a + b] for k, v in tensors.items()}
 
     def _collate(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray) -> Any:
         def produce(alloc: Any = None) -> dict[str, Any]:
-            batch = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, alloc)
+            batch = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, alloc,
+                                      self._threads())
             return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
 
         info = get_worker_info()

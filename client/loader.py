@@ -42,9 +42,10 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             raise TypeError("pass DataLoader options to SampleCacheLoader by keyword")
         batch = kwargs.get("batch_size", 1)
         if (transport and dataset.batch_size is None and batch is not None and kwargs.get("collate_fn") is None
-                and dataset.transform is None and kwargs.get("num_workers", 0) > 0):
+                and dataset.transform is None):
             # A per-sample dataset with default collation: let the dataset make the batches (vectorised
-            # gathers, straight into the shared-memory ring). The batches are the same dicts of tensors.
+            # gathers; with workers, straight into the shared-memory ring). The batches are the same dicts
+            # of tensors, but cost no per-sample Python.
             dataset.batch_size, dataset.drop_last = int(batch), bool(kwargs.get("drop_last", False))
             kwargs["batch_size"], kwargs["drop_last"] = None, False
         super().__init__(dataset, **kwargs)

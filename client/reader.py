@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 import lmdb
 import numpy as np
 
+from samplecache.gather import PARALLEL_MIN_BYTES, copy_all
 from samplecache.record import BlockView, Schema, record_key
 
 MAX_READERS = 4096
@@ -76,10 +77,12 @@ class CacheReader:
         return views
 
     def batch(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int],
-              alloc: Callable[[str, tuple[int, ...], np.dtype], np.ndarray | None] | None = None) -> dict[str, Any]:
+              alloc: Callable[[str, tuple[int, ...], np.dtype], np.ndarray | None] | None = None,
+              threads: int = 1) -> dict[str, Any]:
         """One collated batch: fixed columns as (n, *shape) arrays filled by vectorised gathers, others as lists.
 
-        ``alloc(name, shape, dtype)`` may supply the output arrays (e.g. in shared memory)."""
+        ``alloc(name, shape, dtype)`` may supply the output arrays (e.g. in shared memory); a large
+        batch's copies are split over ``threads`` threads (``gather.copy_all``)."""
         env, db = open_cache(self.path, self.map_size)
         n = len(rows)
         blocks, local = np.divmod(rows, rpbs)
@@ -102,9 +105,14 @@ class CacheReader:
                     arr = alloc(name, shape, dtype) if alloc is not None else None
                     if arr is None:
                         arr = np.empty(shape, dtype)
-                    if len(groups) == 1:  # one block: a single gather straight into the batch
+                    per_sample = arr.ndim > 1 and (len(groups) == n or arr.nbytes >= PARALLEL_MIN_BYTES)
+                    if per_sample:  # large samples: one copy each, over ``threads`` threads
+                        cols_u = [views[int(u)].column_array(ci) for u in uniq.tolist()]
+                        copy_all([(arr[j], cols_u[u][r]) for j, (u, r) in
+                                  enumerate(zip(inverse.tolist(), local.tolist()))], threads)
+                    elif len(groups) == 1:  # one block: a single gather straight into the batch
                         np.take(views[int(uniq[0])].column_array(ci), local, axis=0, out=arr)
-                    elif len(groups) == n:  # a block per sample (large samples): one copy each
+                    elif len(groups) == n:
                         for j, u in enumerate(inverse.tolist()):
                             arr[j] = views[int(uniq[u])].column_array(ci)[local[j]]
                     else:

@@ -6,9 +6,13 @@ more than the copy itself for large batches (about 1.2 GB/s here). The ring is
 one anonymous shared mapping made by the trainer process before the workers
 fork (so nothing is ever left in /dev/shm, even after kill -9), cut into
 ``depth`` slots per worker. A worker gathers a batch's fixed-shape columns
-straight into a free slot of its own and sends only a small descriptor; the
-trainer copies the batch out (into pinned memory when ``pin_memory=True``) and
-frees the slot. Anything that does not fit goes the ordinary way.
+straight into a free slot of its own and sends only a small descriptor. The
+trainer hands the batch out as tensors that *view* the slot (no copy at all),
+and the slot is free again once every tensor of that batch has been dropped;
+with ``pin_memory=True`` on CUDA the batch is copied into pinned memory instead
+and the slot freed at once. A worker that finds all its slots still held (the
+trainer keeps many batches alive) or a batch that does not fit goes the
+ordinary way, so keeping batches is always safe.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -41,6 +46,7 @@ class Ring:
         # touch every page once here so neither side takes first-write faults in the loop
         np.frombuffer(self.mm, np.uint8)[::4096] = 0
         self.owner = os.getpid()
+        self.address = np.frombuffer(self.mm, np.uint8, 1).ctypes.data
         _RINGS[self.id] = self
 
     def fits(self, nbytes: int) -> bool:
@@ -61,6 +67,27 @@ class Ring:
     def array(self, slot: int, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         count = int(np.prod(shape, dtype=np.int64))
         return np.frombuffer(self.mm, dtype, count, self.header + slot * self.slot_bytes + offset).reshape(shape)
+
+    def held_array(self, hold: "SlotHold", offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """An array over part of ``hold``'s slot that keeps ``hold`` (so the slot) alive."""
+        addr = self.address + self.header + hold.slot * self.slot_bytes + offset
+        return np.asarray(_Region(hold, addr, np.dtype(dtype).str, tuple(shape)))
+
+
+class SlotHold:
+    """One slot lent to the trainer's tensors: freed when the last array over it is gone."""
+
+    def __init__(self, ring: Ring, slot: int) -> None:
+        self.slot = slot
+        weakref.finalize(self, ring.release, slot)
+
+
+class _Region:
+    """``__array_interface__`` of a piece of a held slot; the array made from it references it."""
+
+    def __init__(self, hold: SlotHold, addr: int, typestr: str, shape: tuple[int, ...]) -> None:
+        self.hold = hold
+        self.__array_interface__ = {"version": 3, "data": (addr, False), "typestr": typestr, "shape": shape}
 
 
 class SlotWriter:
@@ -89,14 +116,20 @@ class RingBatch:
         self.ring_id, self.slot, self.fields, self.other = ring_id, slot, fields, other
 
     def materialize(self, pin: bool = False) -> dict[str, Any]:
-        """The batch as tensors owned by this process; frees the slot."""
+        """The batch as tensors: views of the slot (freed with the last of them), or with ``pin`` copies
+        in pinned memory (the slot freed at once)."""
         ring = _RINGS[self.ring_id]
         out: dict[str, Any] = {}
+        if not pin:
+            hold = SlotHold(ring, self.slot)
+            for name, (off, dt, shape) in self.fields.items():
+                out[name] = torch.from_numpy(ring.held_array(hold, off, np.dtype(dt), shape))
+            out.update(self.other)
+            return out
         try:
             for name, (off, dt, shape) in self.fields.items():
                 src = ring.array(self.slot, off, np.dtype(dt), shape)
-                t = torch.from_numpy(np.empty_like(src)) if not pin else \
-                    torch.empty(shape, dtype=torch.from_numpy(src[:0]).dtype, pin_memory=True)
+                t = torch.empty(shape, dtype=torch.from_numpy(src[:0]).dtype, pin_memory=True)
                 np.copyto(t.numpy(), src)
                 out[name] = t
         finally:

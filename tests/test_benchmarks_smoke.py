@@ -63,7 +63,7 @@ def test_read_throughput_quick(tmp_path: Path) -> None:
 
 SUITE = REPO / "benchmarks" / "suite.py"
 PEER_LOADERS = ("lmdb-pickle", "parquet-arrow", "streaming", "litdata", "webdataset")
-SAMPLECACHE_LOADERS = ("samplecache", "samplecache-batched", "samplecache-loader")
+SAMPLECACHE_LOADERS = ("samplecache", "samplecache-batched", "samplecache-loader", "samplecache-loader-ps")
 CORE_LOADERS = (*SAMPLECACHE_LOADERS, "lmdb-pickle", "parquet-arrow")  # need no extra
 SUITE_ROWS = {("lmdb-limit", 0), ("lmdb-block", 0)} | {
     (loader, w) for loader in (*SAMPLECACHE_LOADERS, *PEER_LOADERS) for w in (0, 2)}

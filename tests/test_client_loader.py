@@ -301,6 +301,28 @@ def test_sample_cache_loader_batched_ring_path_values_survive_slot_reuse(url: st
             truth.check_exactly_once([i for b in kept for i in b["id"].tolist()], TOTAL)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sample_cache_loader_batches_a_per_sample_dataset_exactly_like_default_collate(
+        url: str, by_id: Any, workers: int) -> None:
+    """A per-sample dataset through SampleCacheLoader is batched by the dataset (vectorised, through the ring
+    with workers): the same batches, in the same order, with the same dtypes, as DataLoader's collation."""
+    from samplecache import SampleCacheLoader
+
+    cols = ["id", "f16", "f64", "tensor", "vec", "flag"]
+    mine = SampleCacheDataset(url, columns=cols, seed=21)
+    loader = SampleCacheLoader(mine, batch_size=40, num_workers=workers)
+    plain = DataLoader(SampleCacheDataset(url, columns=cols, seed=21), batch_size=40, num_workers=workers)
+    assert mine.batch_size == 40  # the dataset makes the batches now
+    got, want = list(loader), list(plain)
+    assert len(got) == len(want) and len(got) > 2
+    for a, b in zip(got, want):
+        assert sorted(a) == sorted(b) == sorted(cols)
+        for k in cols:
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+            assert torch.equal(a[k], b[k]), k
+    check_batch_values(got[0], by_id, cols)
+
+
 def test_a_dataset_used_by_sample_cache_loader_still_works_in_a_plain_dataloader(url: str) -> None:
     from samplecache import SampleCacheLoader
 
