@@ -179,6 +179,13 @@ def _reader(opts: dict[str, Any], tasks: list[tuple[str, int, int, int]], ready:
     q.put((n, t0, time.time()))
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all cores, every process: the S3 server included)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def raw_pass(opts: dict[str, Any], ranges: list[tuple[str, int, int, int]], readers: int) -> dict[str, float]:
     """Every range once, split round-robin over ``readers`` processes; wall time from the common start."""
     ctx = mp.get_context("spawn")
@@ -194,9 +201,10 @@ def raw_pass(opts: dict[str, Any], ranges: list[tuple[str, int, int, int]], read
             r = ready.get(timeout=120)
             if isinstance(r, str):
                 raise RuntimeError(f"raw reader failed to start: {r}")
-        t0 = time.time()
+        t0, busy0 = time.time(), machine_busy_s()
         go.set()
         got = [q.get(timeout=1800) for _ in ps]
+        busy = machine_busy_s() - busy0
         bad = [g for g in got if isinstance(g, str)]
         if bad:
             raise RuntimeError(f"raw reader failed: {bad[0]}")
@@ -212,7 +220,8 @@ def raw_pass(opts: dict[str, Any], ranges: list[tuple[str, int, int, int]], read
     want = sum(r[2] for r in ranges)
     if nbytes != want:
         raise RuntimeError(f"raw read got {nbytes} bytes, expected {want}")
-    return {"seconds": wall, "bytes": nbytes, "mb_per_s": nbytes / MB / wall}
+    return {"seconds": wall, "bytes": nbytes, "mb_per_s": nbytes / MB / wall,
+            "cpu_ms_per_mb": 1000 * busy / (nbytes / MB), "cores_busy": busy / wall}
 
 
 # --- (b) the daemon ---------------------------------------------------------------------------------
@@ -311,6 +320,7 @@ def ingest_run(spec: Spec, truth: dict[str, Any], s3: S3Server, root: Path, samp
     try:
         d.wait_ready(timeout=300)
         res["healthz_s"] = time.monotonic() - t0
+        busy0 = machine_busy_s()
         if spy and py_spy():
             prof = root / f"py-spy-{spec.name}.txt"
             spy_proc = subprocess.Popen([py_spy(), "record", "--pid", str(d.proc.pid), "--subprocesses",  # type: ignore[union-attr]
@@ -327,6 +337,7 @@ def ingest_run(spec: Spec, truth: dict[str, Any], s3: S3Server, root: Path, samp
                 first = now
             if st["samples"] >= spec.samples:
                 res["done_s"] = now
+                res["busy_s"] = machine_busy_s() - busy0
                 break
             if d.proc is not None and d.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited with {d.proc.returncode}:\n{d.log_tail()}")
@@ -368,6 +379,8 @@ def ingest_run(spec: Spec, truth: dict[str, Any], s3: S3Server, root: Path, samp
     res["mb_per_s"] = truth["row_group_bytes"] / MB / ingest_s               # Parquet bytes, after /healthz
     res["mb_per_s_total"] = truth["row_group_bytes"] / MB / res["done_s"]    # from the process start
     res["lmdb_mb_per_s"] = res["lmdb_payload_bytes"] / MB / ingest_s
+    res["cpu_ms_per_mb"] = 1000 * res["busy_s"] / (truth["row_group_bytes"] / MB)
+    res["cores_busy"] = res["busy_s"] / ingest_s
     if len(created) > 2:
         span = created[-1] - created[0]
         # n-1 shards' worth of bytes arrived over the span between the first and last commit
@@ -606,6 +619,17 @@ def run_dataset(spec: Spec, s3: S3Server, root: Path, samplers: int, passes: int
     log(f"{spec.name}: raw s3fs after the daemon: {after['mb_per_s']:.0f} MB/s")
     raw_all = raws + [after]
     raw_mb = statistics.median(r["mb_per_s"] for r in raw_all)
+    raw_cpu = statistics.median(r["cpu_ms_per_mb"] for r in raw_all)
+    cores = len(os.sched_getaffinity(0))
+    # on this machine the server, the raw readers, the samplers and the daemon share the same cores: the
+    # ingest can go no faster than all of them busy at the pipeline's machine-wide CPU cost per MB
+    res["cpu"] = {"raw_ms_per_mb": raw_cpu, "ingest_ms_per_mb": ing["cpu_ms_per_mb"], "cores": cores,
+                  "raw_cores_busy": statistics.median(r["cores_busy"] for r in raw_all),
+                  "ingest_cores_busy": ing["cores_busy"],
+                  "ratio_ceiling": (1000 * cores / ing["cpu_ms_per_mb"]) / raw_mb}
+    log(f"{spec.name}: machine CPU per MB: raw read {raw_cpu:.2f} ms (cores busy "
+        f"{res['cpu']['raw_cores_busy']:.2f}), daemon ingest {ing['cpu_ms_per_mb']:.2f} ms (cores busy "
+        f"{ing['cores_busy']:.2f}); with every core busy the ingest could reach {res['cpu']['ratio_ceiling']:.2f}x raw")
     res.update(raw=raws, raw_after=after, raw_mb_per_s=raw_mb, ingest=ing,
                ratio=ing["mb_per_s"] / raw_mb, ratio_steady=(ing.get("steady_mb_per_s") or 0) / raw_mb,
                ratio_total=ing["mb_per_s_total"] / raw_mb)
@@ -632,6 +656,15 @@ def report(results: dict[str, Any], samplers: int) -> str:
                      f"{i['ingest_s']:>9.1f} {i['mb_per_s']:>7,.0f} "
                      f"{r['ratio']:>6.2f} {i.get('steady_mb_per_s', 0):>7,.0f} {r['ratio_steady']:>6.2f} "
                      f"{i['lmdb_mb_per_s']:>10,.0f}  {'yes' if r['verified'] else 'NO'}")
+    lines.append("")
+    lines.append(f"{'dataset':<7} {'raw CPU ms/MB':>14} {'cores busy':>11} {'ingest CPU ms/MB':>17} {'cores busy':>11} "
+                 f"{'x raw ceiling':>14}")
+    for name, r in results.items():
+        c = r["cpu"]
+        lines.append(f"{name:<7} {c['raw_ms_per_mb']:>14.2f} {c['raw_cores_busy']:>11.2f} {c['ingest_ms_per_mb']:>17.2f} "
+                     f"{c['ingest_cores_busy']:>11.2f} {c['ratio_ceiling']:>14.2f}")
+    lines += ["CPU = the whole machine's busy core-time per MB (S3 server, readers/samplers, daemon); 'x raw "
+              "ceiling' = the ingest rate with every core busy at its CPU cost, over the raw read rate", ""]
     lines += ["target: x raw >= 0.80. 'start s' = process start -> /healthz (imports, discovery; excluded from "
               "MB/s); '1st s' = process start -> first shard resident (samplers spawned and warmed up: included); "
               "'steady' = over the span of the shards' commit stamps; LMDB MB/s = encoded payload after /healthz", ""]
