@@ -133,6 +133,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
             raise ValueError(f"partial must be one of {PARTIAL}, not {partial!r}")
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be a positive integer or None")
+        if copy_threads is not None and copy_threads < 1:
+            raise ValueError("copy_threads must be a positive integer or None (the usable cores, at most 4)")
         self.url = url.rstrip("/")
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
@@ -299,7 +301,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         """Threads that copy a large batch: several in-process, one in a DataLoader worker (the workers
         already use the cores), unless ``copy_threads`` says otherwise."""
         if self.copy_threads is not None:
-            return max(1, int(self.copy_threads))
+            return int(self.copy_threads)
         return default_threads() if get_worker_info() is None else 1
 
     def _ahead(self, item_bytes: int) -> int:
@@ -324,46 +326,66 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         ahead = self._ahead(int(self.batch_size or 1) * plan.sample_bytes)
         return prefetched(self._make_batches(plan, stream, start), ahead)
 
+    def _pack(self) -> int:
+        """Batches per item handed to DataLoader: several (one gather, one message) in a worker that
+        writes into SampleCacheLoader's ring, else one."""
+        if self._ring is not None and get_worker_info() is not None and self.transform is None:
+            return self._ring.pack
+        return 1
+
     def _make_batches(self, plan: EpochPlan, stream: Stream, start: int) -> Iterator[tuple[int, Any]]:
+        """(position, item): an item is one batch, or in a ring worker a pack of ``_pack()`` batches
+        (``pack_sizes`` says how a reader's batches fall into items)."""
         b = int(self.batch_size or 1)
+        unit = self._pack() * b  # positions per item
         # small batches are gathered together (about CHUNK_BYTES at a time); large ones one by one, so
         # each is written into the memory the consumer's previous batch just freed (still in cache)
         per_chunk = max(1, plan.chunk // b) if b * plan.sample_bytes < BATCH_ALONE_BYTES else 1
+        chunk = max(unit, per_chunk * b // unit * unit)
         pos = start
         pend_idx: list[np.ndarray] = []
         pend_rows: list[np.ndarray] = []
         pending = 0
-        for idx, rows in stream.chunks(start, chunk=per_chunk * b, first=b):
+        for idx, rows in stream.chunks(start, chunk=chunk, first=unit):
             pend_idx.append(idx)
             pend_rows.append(rows)
             pending += len(idx)
-            if pending < b:
+            if pending < unit:
                 continue
             all_idx, all_rows = np.concatenate(pend_idx), np.concatenate(pend_rows)
-            full = len(all_idx) // b * b
-            for batch in self._collate_many(plan, all_idx[:full], all_rows[:full], b):
-                pos += b
-                yield pos, batch
+            full = len(all_idx) // unit * unit
+            for n, item in self._collate_many(plan, all_idx[:full], all_rows[:full], b, unit):
+                pos += n
+                yield pos, item
             pend_idx, pend_rows, pending = [all_idx[full:]], [all_rows[full:]], len(all_idx) - full
-        if pending and not self.drop_last:
+        if pending:  # fewer than one item's positions left: their whole batches as one item, then the rest
             idx, rows = np.concatenate(pend_idx), np.concatenate(pend_rows)
-            pos += len(idx)
-            yield pos, self._collate(plan, idx, rows)
+            whole = len(idx) // b * b
+            if whole:
+                for n, item in self._collate_many(plan, idx[:whole], rows[:whole], b, whole):
+                    pos += n
+                    yield pos, item
+            if whole < len(idx) and not self.drop_last:
+                pos += len(idx) - whole
+                yield pos, self._collate(plan, idx[whole:], rows[whole:], b)
 
-    def _collate_many(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, b: int) -> Iterator[Any]:
-        """Batches of ``b`` from whole batches' worth of positions: in-process, one gather for all of
-        them and each batch a slice (a view) of it; in a worker with the ring, one gather per slot."""
-        if self._ring is not None and get_worker_info() is not None and self.transform is None:
-            for a in range(0, len(idx), b):
-                yield self._collate(plan, idx[a:a + b], rows[a:a + b])
+    def _collate_many(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, b: int, unit: int
+                      ) -> Iterator[tuple[int, Any]]:
+        """(samples, item) for whole batches of ``b``: in a ring worker one item (a pack of batches) per
+        ``unit`` positions, gathered into one slot; in-process one gather for all of them, each batch a
+        slice (a view) of it."""
+        if self._pack() > 1 or (self._ring is not None and get_worker_info() is not None):
+            for a in range(0, len(idx), unit):
+                yield min(unit, len(idx) - a), self._collate(plan, idx[a:a + unit], rows[a:a + unit], b)
             return
         gathered = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols,
                                      threads=self._threads())
         tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in gathered.items()}
         for a in range(0, len(idx), b):
-            yield {k: v[a:a + b] for k, v in tensors.items()}
+            yield min(b, len(idx) - a), {k: v[a:a + b] for k, v in tensors.items()}
 
-    def _collate(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray) -> Any:
+    def _collate(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, b: int) -> Any:
+        """One item: the batches of ``b`` of these positions (a pack when there are several)."""
         def produce(alloc: Any = None) -> dict[str, Any]:
             batch = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, alloc,
                                       self._threads())
@@ -371,7 +393,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
 
         info = get_worker_info()
         if self._ring is not None and info is not None and self.transform is None:
-            return ring_batch(self._ring, info.id, produce)  # the trainer copies it out (SampleCacheLoader)
+            return ring_batch(self._ring, info.id, produce, b)  # handed out as views (SampleCacheLoader)
         return produce()
 
     def __getstate__(self) -> dict[str, Any]:

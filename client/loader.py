@@ -16,7 +16,10 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader
 
 from samplecache.dataset import SampleCacheDataset, topology
-from samplecache.transport import Ring, materialize
+from samplecache.transport import Packed, Ring, materialize
+
+PACK_BYTES = 1 << 20  # a worker gathers this many bytes of small batches into one slot, sent as one item
+MAX_PACK = 16
 
 
 def per_worker_items(items: list[int], taken: int) -> list[int]:
@@ -29,6 +32,15 @@ def per_worker_items(items: list[int], taken: int) -> list[int]:
             taken -= 1
         w = (w + 1) % len(items)
     return got
+
+
+def pack_sizes(samples: int, batch: int, pack: int, drop_last: bool) -> list[int]:
+    """Batches per item of a reader with ``samples`` left: packs of ``pack`` whole batches, the whole
+    batches left over as one item, then the short batch (unless dropped). Mirrors the dataset's
+    ``_make_batches``."""
+    whole, part = divmod(samples, batch)
+    sizes = [pack] * (whole // pack) + ([whole % pack] if whole % pack else [])
+    return sizes + ([1] if part and not drop_last else [])
 
 
 class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
@@ -51,7 +63,8 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         super().__init__(dataset, **kwargs)
         self.transport = transport
         self._ring: Ring | None = None
-        self._taken = 0
+        self._taken = self._items = self._in_item = 0  # batches, items (one or a pack of batches), in the item
+        self._packed = False
         self._base: list[int] | None = None  # per-worker samples already consumed before this iteration
         self._epoch: int | None = None
 
@@ -63,14 +76,18 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         ctx = self.multiprocessing_context
         method = ctx.get_start_method() if ctx is not None else mp.get_start_method()
         if not self.transport or self.num_workers == 0 or method != "fork" or not ds.batch_size \
-                or ds.transform is not None:
+                or ds.transform is not None or self.batch_size is not None:
             return None
         if self._ring is None:
             plan = ds.plan(ds.next_epoch())
             per_sample = max(1, int(plan.manifest.get("bytes", 0)) // max(1, plan.total))
-            slot = int(per_sample * ds.batch_size * 1.25) + 64 * (len(plan.cols) + 1) + 4096
-            self._ring = Ring(self.num_workers, (self.prefetch_factor or 2) + 2, slot)
+            pack = max(1, min(MAX_PACK, PACK_BYTES // (per_sample * ds.batch_size)))
+            slot = int(per_sample * ds.batch_size * pack * 1.25) + 64 * (len(plan.cols) + 1) + 4096
+            self._ring = Ring(self.num_workers, (self.prefetch_factor or 2) + 2, slot, pack)
         return self._ring
+
+    def _pack(self) -> int:
+        return self._ring.pack if self._ring is not None else 1
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
@@ -78,19 +95,27 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         if ds._clock.agreed(ds.next_epoch()) is None:
             ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
         ds._ring = self._ring_for(ds)
+        self._packed = ds._ring is not None and self._pack() > 1  # the workers send packs of batches
         it = super().__iter__()
         ds._ring = None  # the workers have forked with it; a plain DataLoader later must not see it
-        self._taken = 0
+        self._taken = self._items = self._in_item = 0
         self._epoch = None
         self._base = [0] * self._workers()
         try:
-            for batch in it:
+            for item in it:
                 if self._epoch is None:
                     self._epoch = ds.current_epoch()
                     if resume and int(resume["epoch"]) == self._epoch:
                         self._base = list(resume["skip"])
-                self._taken += 1
-                yield materialize(batch)
+                got = materialize(item)
+                batches = got if isinstance(got, Packed) else (got,)
+                self._in_item = 0
+                for batch in batches:
+                    self._in_item += 1
+                    self._taken += 1
+                    yield batch
+                self._items += 1
+                self._in_item = 0
         finally:
             ds._resume = None
 
@@ -108,16 +133,18 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         topo = topology(ds._topology)
         w = self._workers()
         base = self._base or [0] * w
-        per_item = ds.batch_size or 1
+        per_batch = ds.batch_size or 1
         if self.batch_size is not None:
-            per_item *= self.batch_size
-        items = []
+            per_batch *= self.batch_size
+        totals = [ds.stream(plan, topo, i, w).total for i in range(w)]
+        pack = self._pack() if self._packed else 1
+        items = [pack_sizes(t - b, per_batch, pack, self._drops_last()) for t, b in zip(totals, base)]
+        done = per_worker_items([len(x) for x in items], self._items)  # items wholly handed out, per worker
+        now = per_worker_items([len(x) for x in items], self._items + 1)  # ... and the one being handed out
+        skip = []
         for i in range(w):
-            left = ds.stream(plan, topo, i, w).total - base[i]
-            whole, part = divmod(left, per_item)
-            items.append(whole + (1 if part and not self._drops_last() else 0))
-        got = per_worker_items(items, self._taken)
-        skip = [min(b + g * per_item, ds.stream(plan, topo, i, w).total) for i, (b, g) in enumerate(zip(base, got))]
+            batches = sum(items[i][:done[i]]) + (self._in_item if now[i] > done[i] else 0)
+            skip.append(min(base[i] + batches * per_batch, totals[i]))
         return {"epoch": self._epoch, "skip": skip, "seed": ds.seed, "shuffle": ds.shuffle, "batches": self._taken}
 
     def _drops_last(self) -> bool:

@@ -5,8 +5,9 @@ shared-memory segment per tensor: allocating, zero-filling and mapping it costs
 more than the copy itself for large batches (about 1.2 GB/s here). The ring is
 one anonymous shared mapping made by the trainer process before the workers
 fork (so nothing is ever left in /dev/shm, even after kill -9), cut into
-``depth`` slots per worker. A worker gathers a batch's fixed-shape columns
-straight into a free slot of its own and sends only a small descriptor. The
+``depth`` slots per worker. A worker gathers a batch's fixed-shape columns --
+or a pack of several small batches, sent as one item -- straight into a free
+slot of its own and sends only a small descriptor. The
 trainer hands the batch out as tensors that *view* the slot (no copy at all),
 and the slot is free again once every tensor of that batch has been dropped;
 with ``pin_memory=True`` on CUDA the batch is copied into pinned memory instead
@@ -34,9 +35,10 @@ _ids = itertools.count(1)
 class Ring:
     """``workers`` x ``depth`` slots of ``slot_bytes`` in one MAP_SHARED anonymous mapping."""
 
-    def __init__(self, workers: int, depth: int, slot_bytes: int) -> None:
+    def __init__(self, workers: int, depth: int, slot_bytes: int, pack: int = 1) -> None:
+        """``pack``: batches a worker gathers into one slot and sends as one item."""
         self.id = next(_ids) + (os.getpid() << 20)
-        self.workers, self.depth = workers, depth
+        self.workers, self.depth, self.pack = workers, depth, max(1, int(pack))
         self.slot_bytes = (slot_bytes + ALIGN - 1) // ALIGN * ALIGN
         slots = workers * depth
         self.header = (slots + ALIGN - 1) // ALIGN * ALIGN
@@ -108,16 +110,29 @@ class SlotWriter:
         return self.ring.array(self.slot, off, dtype, shape)
 
 
+class Packed(list):  # type: ignore[type-arg]
+    """Several batches that travel as one DataLoader item; ``SampleCacheLoader`` hands them out one by one."""
+
+
+def split(batch: dict[str, Any], size: int | None) -> Any:
+    """``batch`` cut into batches of ``size`` rows (views): a ``Packed`` when there are several."""
+    n = next((len(v) for v in batch.values() if hasattr(v, "__len__")), 0)
+    if not size or n <= size:
+        return batch
+    return Packed({k: v[a:a + size] for k, v in batch.items()} for a in range(0, n, size))
+
+
 class RingBatch:
-    """What a worker sends instead of a batch: where its tensors lie in the ring, plus the rest."""
+    """What a worker sends instead of a batch: where its tensors lie in the ring, plus the rest
+    (``size``: the batch size, when the slot holds a pack of batches)."""
 
     def __init__(self, ring_id: int, slot: int, fields: dict[str, tuple[int, str, tuple[int, ...]]],
-                 other: dict[str, Any]) -> None:
-        self.ring_id, self.slot, self.fields, self.other = ring_id, slot, fields, other
+                 other: dict[str, Any], size: int | None = None) -> None:
+        self.ring_id, self.slot, self.fields, self.other, self.size = ring_id, slot, fields, other, size
 
-    def materialize(self, pin: bool = False) -> dict[str, Any]:
-        """The batch as tensors: views of the slot (freed with the last of them), or with ``pin`` copies
-        in pinned memory (the slot freed at once)."""
+    def materialize(self, pin: bool = False) -> Any:
+        """The batch (or ``Packed`` batches) as tensors: views of the slot (freed with the last of them),
+        or with ``pin`` copies in pinned memory (the slot freed at once)."""
         ring = _RINGS[self.ring_id]
         out: dict[str, Any] = {}
         if not pin:
@@ -125,7 +140,7 @@ class RingBatch:
             for name, (off, dt, shape) in self.fields.items():
                 out[name] = torch.from_numpy(ring.held_array(hold, off, np.dtype(dt), shape))
             out.update(self.other)
-            return out
+            return split(out, self.size)
         try:
             for name, (off, dt, shape) in self.fields.items():
                 src = ring.array(self.slot, off, np.dtype(dt), shape)
@@ -135,19 +150,20 @@ class RingBatch:
         finally:
             ring.release(self.slot)
         out.update(self.other)
-        return out
+        return split(out, self.size)
 
-    def pin_memory(self, device: Any = None) -> dict[str, Any]:
+    def pin_memory(self, device: Any = None) -> Any:
         """Called by DataLoader's pin-memory thread: copy straight into pinned memory."""
         return self.materialize(pin=torch.cuda.is_available())
 
 
-def ring_batch(ring: Ring, worker: int, produce: Callable[[Callable[..., np.ndarray | None] | None], dict[str, Any]]
-               ) -> Any:
-    """Run ``produce(alloc)`` so that it gathers into a ring slot; falls back to plain tensors."""
+def ring_batch(ring: Ring, worker: int, produce: Callable[[Callable[..., np.ndarray | None] | None], dict[str, Any]],
+               size: int | None = None) -> Any:
+    """Run ``produce(alloc)`` so that it gathers into a ring slot; falls back to plain tensors. ``size``: the
+    batch size, when ``produce`` gathers a pack of several batches."""
     slot = ring.acquire(worker)
     if slot is None:
-        return produce(None)
+        return split(produce(None), size)
     writer = SlotWriter(ring, slot)
     try:
         batch = produce(writer.alloc)
@@ -156,10 +172,11 @@ def ring_batch(ring: Ring, worker: int, produce: Callable[[Callable[..., np.ndar
         raise
     if not writer.fields:
         ring.release(slot)
-        return batch
+        return split(batch, size)
     other = {k: v for k, v in batch.items() if k not in writer.fields}
-    return RingBatch(ring.id, slot, writer.fields, other)
+    return RingBatch(ring.id, slot, writer.fields, other, size)
 
 
 def materialize(item: Any, pin: bool = False) -> Any:
+    """A worker's item as the trainer gets it: a batch, or ``Packed`` batches."""
     return item.materialize(pin) if isinstance(item, RingBatch) else item

@@ -305,7 +305,8 @@ def test_sample_cache_loader_batched_ring_path_values_survive_slot_reuse(url: st
 def test_sample_cache_loader_batches_a_per_sample_dataset_exactly_like_default_collate(
         url: str, by_id: Any, workers: int) -> None:
     """A per-sample dataset through SampleCacheLoader is batched by the dataset (vectorised, through the ring
-    with workers): the same batches, in the same order, with the same dtypes, as DataLoader's collation."""
+    with workers): the same batches, with the same dtypes, as DataLoader's collation. In-process they come
+    in the same order; with workers each worker's batches come in packs (one message for several)."""
     from samplecache import SampleCacheLoader
 
     cols = ["id", "f16", "f64", "tensor", "vec", "flag"]
@@ -315,6 +316,11 @@ def test_sample_cache_loader_batches_a_per_sample_dataset_exactly_like_default_c
     assert mine.batch_size == 40  # the dataset makes the batches now
     got, want = list(loader), list(plain)
     assert len(got) == len(want) and len(got) > 2
+    if workers:
+        assert loader._packed  # the ring path with packs was taken
+        by_ids = {tuple(b["id"].tolist()): b for b in want}
+        assert len(by_ids) == len(want)
+        want = [by_ids[tuple(a["id"].tolist())] for a in got]  # KeyError: a batch DataLoader never made
     for a, b in zip(got, want):
         assert sorted(a) == sorted(b) == sorted(cols)
         for k in cols:
@@ -484,5 +490,7 @@ def test_bad_arguments_are_value_errors() -> None:
         SampleCacheDataset("http://127.0.0.1:1", partial="even")
     with pytest.raises(ValueError, match="batch_size"):
         SampleCacheDataset("http://127.0.0.1:1", batch_size=0)
+    with pytest.raises(ValueError, match="copy_threads"):
+        SampleCacheDataset("http://127.0.0.1:1", copy_threads=0)
     with pytest.raises(ValueError, match="epoch"):
         SampleCacheDataset("http://127.0.0.1:1").set_epoch(-1)
