@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import weakref
@@ -10,7 +11,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from samplecache.daemon_api import DaemonError, fetch_manifest
 from samplecache.epoch_clock import EpochClock
@@ -162,6 +163,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self._resume: dict[str, Any] | None = None
         self._ring: Ring | None = None  # set by SampleCacheLoader before its workers fork
         self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
+        self._collate_rest = False  # set by SampleCacheLoader: non-tensor columns through default_collate
 
     # -- epochs ----------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -382,19 +384,38 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
                                      threads=self._threads())
         tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in gathered.items()}
         for a in range(0, len(idx), b):
-            yield min(b, len(idx) - a), {k: v[a:a + b] for k, v in tensors.items()}
+            yield min(b, len(idx) - a), self._finish({k: v[a:a + b] for k, v in tensors.items()})
+
+    def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """One batch as DataLoader's ``default_collate`` would make it from the samples, for a per-sample
+        dataset batched by SampleCacheLoader: list-valued columns are collated the same way."""
+        if self._collate_rest:
+            for k, v in batch.items():
+                if isinstance(v, list):
+                    batch[k] = default_collate(v)
+        return batch
 
     def _collate(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, b: int) -> Any:
         """One item: the batches of ``b`` of these positions (a pack when there are several)."""
         def produce(alloc: Any = None) -> dict[str, Any]:
             batch = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, alloc,
                                       self._threads())
-            return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+            out = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+            return self._finish(out) if len(idx) <= b else out  # packs: only when every column is fixed
 
         info = get_worker_info()
         if self._ring is not None and info is not None and self.transform is None:
             return ring_batch(self._ring, info.id, produce, b)  # handed out as views (SampleCacheLoader)
         return produce()
+
+    def batched_like_collate(self, batch_size: int, drop_last: bool) -> "SampleCacheDataset":
+        """A shallow copy that makes batches of ``batch_size`` itself, equal to what DataLoader's default
+        collation makes of this dataset's samples (for SampleCacheLoader). It shares this dataset's epoch
+        clock (``set_epoch``) and manifests; leases it takes ahead are its own and freed with it."""
+        twin = copy.copy(self)  # through __getstate__: a fresh lock and no keepers of its own yet
+        weakref.finalize(twin, _release_all, twin._keepers)
+        twin.batch_size, twin.drop_last, twin._collate_rest = int(batch_size), bool(drop_last), True
+        return twin
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -53,12 +53,14 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         if args:
             raise TypeError("pass DataLoader options to SampleCacheLoader by keyword")
         batch = kwargs.get("batch_size", 1)
+        self._source = dataset
         if (transport and dataset.batch_size is None and batch is not None and kwargs.get("collate_fn") is None
                 and dataset.transform is None):
             # A per-sample dataset with default collation: let the dataset make the batches (vectorised
             # gathers; with workers, straight into the shared-memory ring). The batches are the same dicts
-            # of tensors, but cost no per-sample Python.
-            dataset.batch_size, dataset.drop_last = int(batch), bool(kwargs.get("drop_last", False))
+            # of tensors, but cost no per-sample Python. A shallow copy does it, so the caller's dataset
+            # stays per-sample; the copy shares its epoch clock (set_epoch), manifests and leases.
+            dataset = dataset.batched_like_collate(int(batch), bool(kwargs.get("drop_last", False)))
             kwargs["batch_size"], kwargs["drop_last"] = None, False
         super().__init__(dataset, **kwargs)
         self.transport = transport
@@ -82,6 +84,8 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             plan = ds.plan(ds.next_epoch())
             per_sample = max(1, int(plan.manifest.get("bytes", 0)) // max(1, plan.total))
             pack = max(1, min(MAX_PACK, PACK_BYTES // (per_sample * ds.batch_size)))
+            if ds._collate_rest and any(plan.schema.columns[c].kind != "fixed" for c in plan.cols):
+                pack = 1  # such columns are collated batch by batch in the worker
             slot = int(per_sample * ds.batch_size * pack * 1.25) + 64 * (len(plan.cols) + 1) + 4096
             self._ring = Ring(self.num_workers, (self.prefetch_factor or 2) + 2, slot, pack)
         return self._ring
@@ -91,6 +95,8 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
+        if self._source is not ds and self._source._resume is not None:  # load_state_dict on the caller's one
+            ds._resume, self._source._resume = self._source._resume, None
         resume = ds._resume
         if ds._clock.agreed(ds.next_epoch()) is None:
             ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps

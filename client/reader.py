@@ -18,6 +18,7 @@ from samplecache.gather import PARALLEL_MIN_BYTES, copy_all
 from samplecache.record import BlockView, Schema, record_key
 
 MAX_READERS = 4096
+LARGE_SAMPLE_BYTES = 64 << 10  # samples this large are copied one by one (over threads), smaller ones gathered
 READAHEAD = True  # lets the kernel map pages around a fault: a fresh process reads a warm cache ~2x faster
 _ENVS: dict[str, tuple[int, lmdb.Environment, Any]] = {}
 
@@ -105,7 +106,8 @@ class CacheReader:
                     arr = alloc(name, shape, dtype) if alloc is not None else None
                     if arr is None:
                         arr = np.empty(shape, dtype)
-                    per_sample = arr.ndim > 1 and (len(groups) == n or arr.nbytes >= PARALLEL_MIN_BYTES)
+                    per_sample = arr.ndim > 1 and (len(groups) == n or (
+                        arr.nbytes >= PARALLEL_MIN_BYTES and arr.nbytes // n >= LARGE_SAMPLE_BYTES))
                     if per_sample:  # large samples: one copy each, over ``threads`` threads
                         cols_u = [views[int(u)].column_array(ci) for u in uniq.tolist()]
                         copy_all([(arr[j], cols_u[u][r]) for j, (u, r) in

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.utils.data import default_convert
 
 ALIGN = 64
 _RINGS: dict[int, "Ring"] = {}
@@ -76,12 +77,19 @@ class Ring:
         return np.asarray(_Region(hold, addr, np.dtype(dtype).str, tuple(shape)))
 
 
+def _release_in(owner: int, ring: Ring, slot: int) -> None:
+    """Free ``slot``, but only in the process that made the ring (the trainer): a forked worker that
+    inherited a hold, or a descriptor, must never free a slot the trainer may have lent out again."""
+    if os.getpid() == owner:
+        ring.release(slot)
+
+
 class SlotHold:
     """One slot lent to the trainer's tensors: freed when the last array over it is gone."""
 
     def __init__(self, ring: Ring, slot: int) -> None:
         self.slot = slot
-        weakref.finalize(self, ring.release, slot)
+        weakref.finalize(self, _release_in, ring.owner, ring, slot)
 
 
 class _Region:
@@ -129,11 +137,27 @@ class RingBatch:
     def __init__(self, ring_id: int, slot: int, fields: dict[str, tuple[int, str, tuple[int, ...]]],
                  other: dict[str, Any], size: int | None = None) -> None:
         self.ring_id, self.slot, self.fields, self.other, self.size = ring_id, slot, fields, other, size
+        self._pending = False  # True in the trainer until materialized: a dropped one frees its slot
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_pending"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        ring = _RINGS.get(self.ring_id)
+        self._pending = ring is not None and ring.owner == os.getpid()
+
+    def __del__(self) -> None:
+        # DataLoader drops items it no longer wants (an early break, workers shut down): free their slots
+        if getattr(self, "_pending", False):
+            self._pending = False
+            _RINGS[self.ring_id].release(self.slot)
 
     def materialize(self, pin: bool = False) -> Any:
         """The batch (or ``Packed`` batches) as tensors: views of the slot (freed with the last of them),
         or with ``pin`` copies in pinned memory (the slot freed at once)."""
         ring = _RINGS[self.ring_id]
+        self._pending = False
         out: dict[str, Any] = {}
         if not pin:
             hold = SlotHold(ring, self.slot)
@@ -173,7 +197,8 @@ def ring_batch(ring: Ring, worker: int, produce: Callable[[Callable[..., np.ndar
     if not writer.fields:
         ring.release(slot)
         return split(batch, size)
-    other = {k: v for k, v in batch.items() if k not in writer.fields}
+    # what DataLoader does to any batch a worker yields: numpy arrays inside lists become tensors
+    other = default_convert({k: v for k, v in batch.items() if k not in writer.fields})
     return RingBatch(ring.id, slot, writer.fields, other, size)
 
 

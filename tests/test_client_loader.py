@@ -301,32 +301,40 @@ def test_sample_cache_loader_batched_ring_path_values_survive_slot_reuse(url: st
             truth.check_exactly_once([i for b in kept for i in b["id"].tolist()], TOTAL)
 
 
+@pytest.mark.parametrize("cols", [["id", "f16", "f64", "tensor", "vec", "flag"], ["id", "const_list", "text", "tensor"]])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_sample_cache_loader_batches_a_per_sample_dataset_exactly_like_default_collate(
-        url: str, by_id: Any, workers: int) -> None:
+        url: str, by_id: Any, workers: int, cols: list[str]) -> None:
     """A per-sample dataset through SampleCacheLoader is batched by the dataset (vectorised, through the ring
-    with workers): the same batches, with the same dtypes, as DataLoader's collation. In-process they come
-    in the same order; with workers each worker's batches come in packs (one message for several)."""
+    with workers): the same batches, with the same types, as DataLoader's collation (a list column of equal
+    lengths stacked, strings as lists). In-process they come in the same order; with workers each worker's
+    small fixed-shape batches come in packs (one message for several). The caller's dataset stays per-sample."""
     from samplecache import SampleCacheLoader
 
-    cols = ["id", "f16", "f64", "tensor", "vec", "flag"]
     mine = SampleCacheDataset(url, columns=cols, seed=21)
     loader = SampleCacheLoader(mine, batch_size=40, num_workers=workers)
     plain = DataLoader(SampleCacheDataset(url, columns=cols, seed=21), batch_size=40, num_workers=workers)
-    assert mine.batch_size == 40  # the dataset makes the batches now
+    assert loader.dataset.batch_size == 40 and mine.batch_size is None  # a batching copy; the caller's untouched
     got, want = list(loader), list(plain)
     assert len(got) == len(want) and len(got) > 2
     if workers:
-        assert loader._packed  # the ring path with packs was taken
+        assert loader._packed == all(c not in ("const_list", "text") for c in cols)  # packs: fixed columns only
         by_ids = {tuple(b["id"].tolist()): b for b in want}
         assert len(by_ids) == len(want)
         want = [by_ids[tuple(a["id"].tolist())] for a in got]  # KeyError: a batch DataLoader never made
     for a, b in zip(got, want):
         assert sorted(a) == sorted(b) == sorted(cols)
         for k in cols:
-            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
-            assert torch.equal(a[k], b[k]), k
-    check_batch_values(got[0], by_id, cols)
+            assert type(a[k]) is type(b[k]), k
+            if torch.is_tensor(b[k]):
+                assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+                assert torch.equal(a[k], b[k]), k
+            else:
+                assert a[k] == b[k], k
+    check_batch_values(got[0], by_id, [c for c in cols if c != "text"])
+    # the caller's dataset is still per-sample: a plain DataLoader over it collates samples, not batches
+    again = next(iter(DataLoader(mine, batch_size=8)))
+    assert again["id"].shape == (8,)
 
 
 def test_a_dataset_used_by_sample_cache_loader_still_works_in_a_plain_dataloader(url: str) -> None:

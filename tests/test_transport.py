@@ -87,3 +87,41 @@ def test_a_forked_worker_writes_a_slot_the_parent_reads_without_a_copy() -> None
     assert ring.flags[slot] == 1
     del batch
     assert ring.flags[slot] == 0
+
+
+def test_a_descriptor_the_trainer_drops_unread_frees_its_slot() -> None:
+    """DataLoader discards items after an early break or at shutdown: their slots must come back."""
+    import pickle
+
+    ring = Ring(workers=1, depth=2, slot_bytes=64 << 10)
+    sent = pickle.dumps(filled(ring, 0, 4.0))  # what a worker puts on the queue
+    got = pickle.loads(sent)  # what the trainer receives
+    slot = got.slot
+    assert ring.flags[slot] == 1
+    del got
+    assert ring.flags[slot] == 0
+    again = pickle.loads(pickle.dumps(filled(ring, 0, 6.0)))
+    s2 = again.slot
+    batch = materialize(again)
+    del again  # materialized: the tensors own the slot now, dropping the descriptor frees nothing
+    assert ring.flags[s2] == 1 and float(batch["x"].mean()) == 6.0
+    del batch
+    assert ring.flags[s2] == 0
+
+
+def test_a_forked_child_dropping_inherited_views_never_frees_the_trainers_slot() -> None:
+    ring = Ring(workers=1, depth=2, slot_bytes=64 << 10)
+    batch = materialize(filled(ring, 0, 2.0))
+    slot = next(s for s in range(2) if ring.flags[s] == 1)
+    pid = os.fork()
+    if pid == 0:  # a worker forked while the trainer held the batch
+        try:
+            del batch
+            gc.collect()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert ring.flags[slot] == 1  # still lent to the trainer's tensors
+    assert float(batch["x"].mean()) == 2.0
+    del batch
+    assert ring.flags[slot] == 0
