@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import copy
-import os
 import threading
 import weakref
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -22,6 +21,7 @@ from samplecache.prefetch import prefetched
 from samplecache.reader import CacheReader, split_batch
 from samplecache.record import FORMAT_VERSION, FormatError, Schema, unpack_shard_table
 from samplecache.stream import Stream
+from samplecache.topology import Topology, dist_rank_world, topology  # noqa: F401 (re-exported)
 from samplecache.transport import Ring, ring_batch
 
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
@@ -35,52 +35,6 @@ def _release_all(keepers: dict[int, LeaseKeeper]) -> None:
     for keeper in list(keepers.values()):
         keeper.release()
     keepers.clear()
-
-
-def dist_rank_world() -> tuple[int, int]:
-    """(rank, world size) from torch.distributed when it is initialised here, else (0, 1)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-class Topology(NamedTuple):
-    """Where this reader sits: global rank/world and its rank among the ranks of its host."""
-
-    rank: int
-    world: int
-    local_rank: int
-    local_world: int
-
-    @property
-    def nodes(self) -> int:
-        return max(1, self.world // max(1, self.local_world))
-
-
-def topology(saved: Topology | None = None) -> Topology:
-    """torch.distributed in the main process; in DataLoader workers (where it is not usable) the
-    torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), else what the main
-    process saw when the dataset was made or the loader started."""
-    if get_worker_info() is None and dist.is_available() and dist.is_initialized():
-        rank, world = dist.get_rank(), dist.get_world_size()
-        env = _env_topology()
-        if env is not None and env.rank == rank and env.world == world:
-            return env
-        return Topology(rank, world, rank, world)
-    env = _env_topology()
-    if env is not None:
-        return env
-    return saved or Topology(0, 1, 0, 1)
-
-
-def _env_topology() -> Topology | None:
-    try:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except (KeyError, ValueError):
-        return None
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return Topology(rank, world, local_rank, local_world)
 
 
 class EpochPlan:
@@ -376,7 +330,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         """(samples, item) for whole batches of ``b``: in a ring worker one item (a pack of batches) per
         ``unit`` positions, gathered into one slot; in-process one gather for all of them, each batch a
         slice (a view) of it."""
-        if self._pack() > 1 or (self._ring is not None and get_worker_info() is not None):
+        if self._ring is not None and get_worker_info() is not None:
             for a in range(0, len(idx), unit):
                 yield min(unit, len(idx) - a), self._collate(plan, idx[a:a + unit], rows[a:a + unit], b)
             return
@@ -409,9 +363,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         return produce()
 
     def batched_like_collate(self, batch_size: int, drop_last: bool) -> "SampleCacheDataset":
-        """A shallow copy that makes batches of ``batch_size`` itself, equal to what DataLoader's default
-        collation makes of this dataset's samples (for SampleCacheLoader). It shares this dataset's epoch
-        clock (``set_epoch``) and manifests; leases it takes ahead are its own and freed with it."""
+        """A shallow copy that makes batches equal to what DataLoader's default collation makes of these
+        samples (for SampleCacheLoader), sharing the epoch clock and manifests; its leases are its own."""
         twin = copy.copy(self)  # through __getstate__: a fresh lock and no keepers of its own yet
         weakref.finalize(twin, _release_all, twin._keepers)
         twin.batch_size, twin.drop_last, twin._collate_rest = int(batch_size), bool(drop_last), True

@@ -15,7 +15,8 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
-from samplecache.dataset import SampleCacheDataset, topology
+from samplecache.dataset import SampleCacheDataset
+from samplecache.topology import topology
 from samplecache.transport import Packed, Ring, materialize
 
 PACK_BYTES = 1 << 20  # a worker gathers this many bytes of small batches into one slot, sent as one item
