@@ -85,8 +85,9 @@ def test_unreachable_remote_is_refused_with_a_message(s3: Any, typed_dataset: An
     msg = refusal(err)
     assert code != 0, msg
     assert typed_dataset.url in msg and ("connect" in msg.lower() or "unreachable" in msg.lower()), msg
-    # measured here: ~7.5 s with botocore's default retries, ~2 s with the storage options above
-    assert seconds < (30 if storage_options is None else 10), f"took {seconds:.1f} s to give up"
+    # measured here: ~7.5 s with botocore's default retries, ~2 s with the storage options above (start-up
+    # included); the bounds only say "gives up, and does not hang", with room for a loaded 2-core CI host
+    assert seconds < (45 if storage_options is None else 30), f"took {seconds:.1f} s to give up"
 
 
 # --------------------------------------------------------------------------------------------- corrupt files
