@@ -53,10 +53,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -531,6 +529,9 @@ Method (details in the docstrings of `benchmarks/suite.py` and `benchmarks/peers
   (the client's DataLoader subclass, which brings worker batches back through a shared-memory ring);
   `samplecache-loader-ps` = the per-sample dataset through `SampleCacheLoader(batch_size=B)` (which has
   the dataset make the same batches by vectorised gathers).
+* In-process (`num_workers` 0) samplecache copies a batch of large samples on all usable cores (numpy
+  releases the GIL; `copy_threads`); the limit and the peers copy on one. With workers each worker
+  copies on one core and the trainer takes zero-copy views of the ring.
 * Warm page cache: one untimed warm-up pass, then the median of the timed passes.
 * Every pass (warm-up included) is verified: sample count, sum of labels and a checksum over a
   strided subset of every sample's `x`, against the ground truth from the Parquet data.
