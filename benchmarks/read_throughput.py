@@ -504,6 +504,16 @@ def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
     return out
 
 
+def sizes(a: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[int, int, int]:
+    """(SMALL samples, LARGE samples, timed passes) from ``--small/--large/--passes/--quick`` (also suite.py's)."""
+    n_small = a.small if a.small is not None else (20_000 if a.quick else 400_000)
+    n_large = a.large if a.large is not None else (64 if a.quick else 3_000)
+    passes = a.passes if a.passes is not None else (1 if a.quick else 3)
+    if n_small < 1 or n_large < 1 or passes < 1:
+        p.error("--small, --large and --passes must be >= 1")
+    return n_small, n_large, passes
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -525,11 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     quick = a.quick
-    n_small = a.small if a.small is not None else (20_000 if quick else 400_000)
-    n_large = a.large if a.large is not None else (64 if quick else 3_000)
-    passes = a.passes if a.passes is not None else (1 if quick else 3)
-    if n_small < 1 or n_large < 1 or passes < 1:
-        p.error("--small, --large and --passes must be >= 1")
+    n_small, n_large, passes = sizes(a, p)
     specs = make_specs(n_small, n_large, quick)
     names = [s.strip() for s in a.datasets.split(",") if s.strip()]
     if not names or any(n not in specs for n in names):

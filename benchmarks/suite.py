@@ -594,11 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     quick = a.quick
-    n_small = a.small if a.small is not None else (20_000 if quick else 400_000)
-    n_large = a.large if a.large is not None else (64 if quick else 3_000)
-    passes = a.passes if a.passes is not None else (1 if quick else 3)
-    if n_small < 1 or n_large < 1 or passes < 1:
-        p.error("--small, --large and --passes must be >= 1")
+    n_small, n_large, passes = rt.sizes(a, p)
     specs = rt.make_specs(n_small, n_large, quick)
     names = [s.strip() for s in a.datasets.split(",") if s.strip()]
     if not names or any(n not in specs for n in names):

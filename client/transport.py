@@ -52,9 +52,6 @@ class Ring:
         self.address = np.frombuffer(self.mm, np.uint8, 1).ctypes.data
         _RINGS[self.id] = self
 
-    def fits(self, nbytes: int) -> bool:
-        return nbytes <= self.slot_bytes
-
     def acquire(self, worker: int) -> int | None:
         """A free slot of ``worker`` (called in that worker), or None."""
         base = worker * self.depth
