@@ -80,7 +80,7 @@ import pyarrow.parquet as pq
 from samplecache.launch import DaemonProcess
 from samplecache.record import FORMAT_VERSION, BlockView, ColumnData, Schema, encode_block, record_key, shard_prefix
 from samplecache.service.catalog import Catalog, Shard, u64
-from samplecache.service.daemon import map_size_for
+from samplecache.service.cachedir import map_size_for
 from samplecache.service.encoder import infer_schema
 from samplecache.service.remote import FsspecRemote
 from samplecache.service.cli import human

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
@@ -13,11 +11,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from samplecache import __version__
-from samplecache.service import routes_control, routes_epochs
+from samplecache.service import routes_control, routes_epochs, routes_jobs
 from samplecache.service.daemon import Daemon
 from samplecache.service.deps import DaemonDep
-from samplecache.service.models import EpochSummary, Health, Problem, SchemaOut, Status
+from samplecache.service.jobs import JobError
+from samplecache.service.models import Health, Problem, SchemaOut, Status
 from samplecache.service.settings import Settings
+from samplecache.service.status import status_of
 
 ERRORS: dict[int | str, dict[str, Any]] = {503: {"model": Problem}}
 
@@ -40,6 +40,11 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
                   description="A per-host cache of a growing random sample of a remote Parquet dataset.")
     app.include_router(routes_epochs.router)
     app.include_router(routes_control.router)
+    app.include_router(routes_jobs.router)
+
+    @app.exception_handler(JobError)
+    async def _job_error(request: Request, exc: JobError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message, **exc.extra}, status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -68,24 +73,3 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
                          arrow_schema=d.catalog.meta("arrow_schema"))
 
     return app
-
-
-def status_of(d: Daemon) -> Status:
-    summaries = d.catalog.meta("epoch_summaries", {}) or {}
-    epochs = [EpochSummary(epoch=int(k), **v) for k, v in sorted(summaries.items(), key=lambda kv: int(kv[0]))]
-    quarantined = [{"path": p, "reason": i.get("reason", ""), "at": i.get("at")}
-                   for p, i in d.catalog.files().items() if i.get("quarantined")]
-    eps = d.catalog.epochs()
-    return Status(
-        version=__version__, uptime_s=time.time() - d.started, source=d.settings.source,
-        cache_dir=str(d.settings.cache_dir.resolve()), bytes=d.catalog.resident_bytes,
-        max_bytes=d.max_bytes, samples=d.catalog.resident_rows, shards=d.catalog.shard_count(),
-        map_size=d.map_size, disk_free=shutil.disk_usage(d.settings.cache_dir).free,
-        epochs_sealed=len(eps), last_epoch=eps[-1] if eps else -1, epochs=epochs,
-        sampler={"state": d.sampler_state(), "reason": d.paused_reason, "processes": d.supervisor.size,
-                 "in_flight": d.supervisor.pending(), "restarts": d.supervisor.restarts},
-        ingest={**d.ingest_rate(), "commits": d.writer.commits},
-        remote_errors=d.remote_errors, last_error=d.last_error, quarantined=quarantined,
-        coverage=d.planner.coverage() if d.planner else None, settings=d.settings.public(),
-        evictions=d.evicted_shards, eviction_policy=d.policy, leases=[l.to_json() for l in d.leases.live()],
-        pinned_epochs=sorted(d.epochs.pinned_epochs()), lmdb=d.lmdb_usage())

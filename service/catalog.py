@@ -78,6 +78,7 @@ class Catalog:
         self.resident_rows = 0
         self._units: Counter[tuple[str, int]] = Counter()
         self.files_version = 0
+        self.shards_version = 0  # changes whenever a shard is added or removed
         self._load()
 
     def _load(self) -> None:
@@ -178,6 +179,7 @@ class Catalog:
             self._state.shards[s.id] = s
             self._state.keys.add(s.key)
             self._units[(s.path, s.row_group)] += 1
+            self.shards_version += 1
             self.resident_bytes += s.bytes
             self.resident_rows += s.rows
 
@@ -185,6 +187,7 @@ class Catalog:
         with self._lock:
             s = self._state.shards.pop(shard_id, None)
             if s is not None:
+                self.shards_version += 1
                 self._state.keys.discard(s.key)
                 self._units[(s.path, s.row_group)] -= 1
                 if self._units[(s.path, s.row_group)] <= 0:

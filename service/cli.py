@@ -72,7 +72,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from samplecache.service.api import create_app
-    from samplecache.service.daemon import Daemon, StartupError
+    from samplecache.service.cachedir import StartupError
+    from samplecache.service.daemon import Daemon
     from samplecache.service.remote import RemoteError
 
     try:
@@ -128,6 +129,12 @@ def format_status(s: dict[str, Any]) -> str:
         ("sampler", f"{s['sampler']['state']}" + (f" ({s['sampler']['reason']})" if s["sampler"]["reason"] else "")
          + f", {s['sampler']['processes']} processes, {s['sampler']['in_flight']} in flight"),
         ("ingest", f"{s['ingest']['samples_per_s']:.1f} samples/s, {human(s['ingest']['bytes_per_s'])}/s"),
+        ("remote read", f"{human(s['remote']['bytes_read'])} ({human(s['remote']['bytes_since_last_epoch'])} since "
+                        f"the last epoch)"),
+        ("pacing", f"{s['pacing']['mode']}, {s['pacing']['replace_per_epoch']:g} x budget per epoch"
+                   + (f", at most {human(s['pacing']['max_ingest_rate'])}/s" if s["pacing"]["max_ingest_rate"] else "")
+                   + (f" ({s['pacing']['reason']})" if s["pacing"]["reason"] else "")),
+        ("jobs", f"{s['jobs']} (GET /v1/jobs)"),
         ("coverage", f"{cov.get('units_sampled', 0)}/{cov.get('units', 0)} row groups, "
                      f"{100 * cov.get('row_fraction', 0):.1f}% of rows, pass {cov.get('cycle', 0)}" if cov else "-"),
         ("epochs sealed", f"{s['epochs_sealed']} (last {s['last_epoch']})"),
@@ -138,8 +145,9 @@ def format_status(s: dict[str, Any]) -> str:
     out = [f"{k.ljust(w)}  {v}" for k, v in rows]
     if s["epochs"]:
         out.append("")
-        out.append("epoch   samples     new  shards")
-        out += [f"{e['epoch']:>5} {e['samples']:>9} {e['new_samples']:>7} {e['shards']:>7}" for e in s["epochs"][-10:]]
+        out.append("epoch   samples     new  shards  remote read")
+        out += [f"{e['epoch']:>5} {e['samples']:>9} {e['new_samples']:>7} {e['shards']:>7}  "
+                f"{human(e.get('remote_bytes', 0)):>11}" for e in s["epochs"][-10:]]
     for q in s["quarantined"][:10]:
         out.append(f"quarantined: {q['path']}: {q['reason']}")
     return "\n".join(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from samplecache.service.eviction import POLICIES
+from samplecache.service.settings import PACING
 
 if TYPE_CHECKING:
     from samplecache.service.daemon import Daemon
@@ -17,10 +18,13 @@ class ConfigError(Exception):
 
 
 def configure(d: "Daemon", max_bytes: int | None = None, policy: str | None = None,
-              min_free_disk: int | None = None, epoch_max_samples: int | None = None) -> None:
+              min_free_disk: int | None = None, epoch_max_samples: int | None = None, pacing: str | None = None,
+              replace_per_epoch: float | None = None, max_ingest_rate: int | None = None) -> None:
     """Change settings at runtime (validated; raises ConfigError with what fits)."""
     if policy is not None and policy not in POLICIES:
         raise ConfigError(422, f"unknown eviction policy {policy!r}; choose one of {sorted(POLICIES)}")
+    if pacing is not None and pacing not in PACING:
+        raise ConfigError(422, f"unknown pacing {pacing!r}; choose one of {list(PACING)}")
     if max_bytes is not None:
         largest = max((s.bytes for s in d.catalog.shards()), default=0)
         pinned = d.epochs.pinned_shards()
@@ -46,6 +50,7 @@ def configure(d: "Daemon", max_bytes: int | None = None, policy: str | None = No
         d.min_free_disk = min_free_disk
     if epoch_max_samples is not None:
         d.epochs.max_samples = epoch_max_samples
+    d.pacer.configure(pacing, replace_per_epoch, max_ingest_rate)
     if max_bytes is not None or policy is not None:
         d.writer.evict(d.make_room).add_done_callback(d.count_evicted)
         d.complete = False

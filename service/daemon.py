@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import fcntl
 import logging
 import os
 import shutil
@@ -15,12 +14,14 @@ from typing import Any
 
 import lmdb
 
-from samplecache.record import FORMAT_VERSION
+from samplecache.service.cachedir import StartupError, check_identity, lock_cache_dir, map_size_for
 from samplecache.service.catalog import Catalog, Shard
 from samplecache.service.discovery import Discovery, quarantined
 from samplecache.service.epochs import EpochManager
 from samplecache.service.eviction import EvictionPlan, plan_eviction
-from samplecache.service.leases import LeaseTable
+from samplecache.service.jobs import JobTable
+from samplecache.service.leases import Lease, LeaseTable
+from samplecache.service.pacing import Pacer
 from samplecache.service.planner import Pick, Planner, build_units
 from samplecache.service.remote import FsspecRemote, RemoteError
 from samplecache.service.sampler import SampleResult, SampleTask
@@ -34,16 +35,6 @@ log = logging.getLogger("samplecache.daemon")
 MAX_ATTEMPTS = 3
 
 
-class StartupError(Exception):
-    """The daemon cannot start; the message says which setting to change."""
-
-
-def map_size_for(max_bytes: int) -> int:
-    """LMDB map size from the budget: the budget, room for freed pages still held by old readers, and
-    for raising the budget at runtime (up to twice). Only address space: the file grows as pages are used."""
-    return int(max_bytes) * 4 + (1 << 30)
-
-
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -53,7 +44,7 @@ class Daemon:
             settings.staging_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StartupError(f"cache_dir {settings.cache_dir}: {e}") from e
-        self._lock_fd = self._lock_cache_dir()
+        self._lock_fd = lock_cache_dir(settings.cache_dir)
         self.max_bytes = int(settings.max_bytes)
         self.min_free_disk = int(settings.min_free_disk)
         self.policy = settings.eviction_policy
@@ -61,13 +52,21 @@ class Daemon:
         self.env, self.dbs = open_env(settings.lmdb_path, self.map_size)
         self.catalog = Catalog(self.env, self.dbs)
         self.writer = Writer(self.env, self.dbs, self.catalog)
-        self._check_cache_identity()
+        check_identity(self.catalog, self.writer, settings)
         self.leases = LeaseTable(settings.lease_ttl)
         self.leases.load(self.catalog.meta("leases", []) or [])
+        self.jobs = JobTable(settings.lease_ttl)
+        self.jobs.load(self.catalog.meta("jobs", []) or [])
+        self.pacer = Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate))
+        self.remote_bytes = 0  # fetched from the remote since start (footers and units)
+        self._remote_at_seal = self._remote_for_seal = 0
+        self._in_flight: dict[str, tuple[int, int, bool]] = {}  # task -> (remote estimate, bytes, rolling)
         self.epochs = EpochManager(self.catalog, self.writer, self.leases, self._manifest_fields,
                                    settings.epoch_wait_max)
         self.epochs.max_samples = settings.epoch_max_samples
         self.epochs.resident_for_epoch = self.epoch_shards
+        self.epochs.extra_pins = self.jobs.recently_mapped
+        self.epochs.on_new_epoch = self._new_epoch
         self.remote = FsspecRemote(settings.source, settings.storage_options) if settings.source else None
         self.discovery = Discovery(self.remote, self.catalog, self.writer, settings.columns) if self.remote else None
         self.planner: Planner | None = None
@@ -93,35 +92,11 @@ class Daemon:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def _lock_cache_dir(self) -> int:
-        """One daemon per cache dir: a second one would hand out the same shard ids. The kernel drops
-        the lock when the process dies, even by SIGKILL."""
-        fd = os.open(self.settings.cache_dir / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StartupError(f"cache_dir {self.settings.cache_dir} is in use by another samplecache daemon "
-                               f"(it holds {self.settings.cache_dir / 'daemon.lock'})") from None
-        return fd
-
     @property
     def schema(self) -> Any:
         return self.discovery.schema if self.discovery else None
 
     # -- start / stop ------------------------------------------------------------------------
-    def _check_cache_identity(self) -> None:
-        fmt = self.catalog.meta("format")
-        if fmt is not None and fmt != FORMAT_VERSION:
-            raise StartupError(f"cache_dir {self.settings.cache_dir} holds record format v{fmt}; this "
-                               f"samplecache writes v{FORMAT_VERSION}: use a new --cache-dir")
-        src = self.catalog.meta("source")
-        if src is not None and self.settings.source and src != self.settings.source:
-            raise StartupError(f"cache_dir {self.settings.cache_dir} holds a sample of {src!r}, not of "
-                               f"--source {self.settings.source!r}: use another --cache-dir")
-        if fmt is None or src is None:
-            self.writer.put_meta({"format": FORMAT_VERSION, "source": self.settings.source}).result()
-
     def check_remote(self) -> None:
         """Fail fast at start when a fresh cache's source is unusable (raises StartupError)."""
         if self.remote is None:
@@ -228,8 +203,15 @@ class Daemon:
             self._next_discovery = time.monotonic() + self.settings.retry_seconds
 
     def _expire_leases(self) -> None:
-        if self.leases.expire():
-            self.writer.put_meta({"leases": self.leases.saved()})
+        gone = self.leases.expire()
+        for lease in gone:
+            self.lease_ended(lease)
+        if self.jobs.expire(self.leases.jobs()) or gone:
+            self.writer.put_meta({"leases": self.leases.saved(), "jobs": self.jobs.saved()})
+
+    def lease_ended(self, lease: Lease) -> None:
+        """A lease was released or expired: its reader's samples count for its job's epoch."""
+        self.jobs.add_read(lease.job, lease.job_epoch, lease.read)
 
     def _why_not_sample(self) -> str | None:
         assert self.planner is not None
@@ -263,7 +245,6 @@ class Daemon:
         self.paused_reason = self._why_not_sample()
         if self.paused_reason is not None:
             return
-        schema_json = self.schema.to_json()
         while self.supervisor.pending() < 2 * self.supervisor.size:
             pick = self.planner.next()
             if pick is None:
@@ -280,11 +261,33 @@ class Daemon:
                     return
                 continue
             self._skips = 0
-            self.supervisor.submit(SampleTask(
-                key=f"c{pick.cycle}-u{pick.position}", source=self.settings.source,
+            if not self._paced_submit(pick):
+                self.planner.retry(pick)  # handed out again when the pace allows
+                return
+
+    def _paced_submit(self, pick: Pick) -> bool:
+        """Send ``pick`` to a sampler if the pace allows it (else say why in ``paused_reason``)."""
+        assert self.planner is not None and self.schema is not None
+        sizes = self.catalog.file(pick.unit.path).get("row_group_bytes") or []
+        size = int(sizes[pick.unit.row_group]) if pick.unit.row_group < len(sizes) else 0
+        estimate = self.pacer.estimate(size)
+        committed = self.catalog.resident_bytes + sum(b for _, b, _ in list(self._in_flight.values())) + \
+            sum(r.bytes for r in list(self._held))
+        rolling = committed + size > self.max_bytes
+        reason = self.pacer.why_wait(estimate, rolling, self.max_bytes)
+        if reason is not None:
+            self.paused_reason = reason
+            return False
+        self.pacer.charge(estimate, rolling)
+        key = f"c{pick.cycle}-u{pick.position}"
+        self._in_flight[key] = (estimate, size, rolling)
+        schema_json = self.schema.to_json()
+        self.supervisor.submit(SampleTask(
+                key=key, source=self.settings.source,
                 storage_options=dict(self.settings.storage_options), path=pick.unit.path,
                 row_group=pick.unit.row_group, schema=schema_json, staging_dir=str(self.settings.staging_dir),
                 block_bytes=int(self.settings.block_bytes), unit=pick.position, cycle=pick.cycle))
+        return True
 
     def _finish(self, pick: Pick) -> None:
         """Mark a unit done without a shard (its file is quarantined)."""
@@ -295,6 +298,9 @@ class Daemon:
 
     # -- results -----------------------------------------------------------------------------------
     def _on_result(self, r: SampleResult) -> None:
+        estimate, size, rolling = self._in_flight.pop(r.task.key, (0, 0, False))
+        self.pacer.settle(estimate, r.remote_bytes, rolling, size)
+        self.remote_bytes += r.remote_bytes
         if r.ok and r.staged:
             self._ingest(r)
             return
@@ -367,30 +373,22 @@ class Daemon:
         return sum(1 for sid in self.epochs.shard_ids(epoch) if self.catalog.shard(sid) is None)
 
     def persist_leases(self) -> None:
-        """Queue the lease table for the disk (a restart gives every saved lease a fresh TTL)."""
-        self.writer.put_meta({"leases": self.leases.saved()})
+        """Queue the lease and job tables for the disk (a restart gives every saved lease a fresh TTL)."""
+        self.writer.put_meta({"leases": self.leases.saved(), "jobs": self.jobs.saved()})
 
     # -- reporting -----------------------------------------------------------------------------------
     def _manifest_fields(self) -> dict[str, Any]:
         assert self.schema is not None
+        self._remote_for_seal = self.total_remote_bytes()
         return {"schema": self.schema.to_json(), "lmdb_path": str(self.settings.lmdb_path),
-                "map_size": self.map_size, "seed": self.settings.seed, "source": self.settings.source}
+                "map_size": self.map_size, "seed": self.settings.seed, "source": self.settings.source,
+                "remote_bytes": self._remote_for_seal - self._remote_at_seal}
 
-    def ingest_rate(self, window: float = 60.0) -> dict[str, float]:
-        now = time.time()
-        recent = [(t, r, b) for t, r, b in list(self._ingests) if now - t <= window]
-        span = min(window, max(1e-9, now - self.started))
-        return {"samples_per_s": sum(r for _, r, _ in recent) / span,
-                "bytes_per_s": sum(b for _, _, b in recent) / span}
+    def _new_epoch(self, epoch: int) -> None:
+        """A new epoch was sealed (or a job started one on the latest): one more share of replacement."""
+        self._remote_at_seal = self._remote_for_seal
+        self.pacer.epoch_sealed(self.max_bytes)
 
-    def sampler_state(self) -> str:
-        if self.planner is None:
-            return "discovering" if self.last_error is None else "remote error"
-        return "paused" if self.paused_reason else "sampling"
-
-    def lmdb_usage(self) -> dict[str, int]:
-        """What the LMDB file really takes: its size on disk and the pages in use (freed pages are reused)."""
-        info, stat = self.env.info(), self.env.stat()
-        data = self.settings.lmdb_path / "data.mdb"
-        return {"file_bytes": data.stat().st_size if data.exists() else 0,
-                "used_bytes": (info["last_pgno"] + 1) * stat["psize"], "map_size": info["map_size"]}
+    def total_remote_bytes(self) -> int:
+        """Bytes fetched from the remote since start: sampled units and footers read by discovery."""
+        return self.remote_bytes + (self.remote.bytes_read if self.remote is not None else 0)

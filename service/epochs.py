@@ -44,7 +44,7 @@ def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) 
 
 
 def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb_path: str,
-                   map_size: int, seed: int, source: str, previous: set[int]) -> dict[str, Any]:
+                   map_size: int, seed: int, source: str, previous: set[int], remote_bytes: int = 0) -> dict[str, Any]:
     """The manifest of ``epoch``: shards in id (= age) order."""
     rows = sum(s.rows for s in shards)
     return {
@@ -59,6 +59,7 @@ def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb
         "samples": rows,
         "bytes": sum(s.bytes for s in shards),
         "new_samples": sum(s.rows for s in shards if s.id not in previous),
+        "remote_bytes": remote_bytes,  # fetched from the remote since the previous epoch was sealed
         # [shard id, rows, bytes, rows per block]
         "shards": [[s.id, s.rows, s.bytes, s.rows_per_block] for s in shards],
     }
@@ -76,8 +77,11 @@ class EpochManager:
         # () -> the shards an epoch may name: the resident ones minus what the eviction policy would
         # drop to leave headroom for new shards while the epoch is leased (set by the daemon)
         self.resident_for_epoch: Callable[[], list[Shard]] = catalog.shards
+        self.extra_pins: Callable[[], set[int]] = set  # epochs pinned besides leases (jobs' new mappings)
+        self.on_new_epoch: Callable[[int], None] = lambda epoch: None  # sealed, or reused by a job
         self._lock = asyncio.Lock()
         self._ids: dict[int, frozenset[int]] = {}
+        self._sealed_from: dict[int, tuple[int, int]] = {}  # epoch -> (catalog shards_version, cap) it saw
 
     def last_sealed(self) -> int:
         eps = self.catalog.epochs()
@@ -92,7 +96,7 @@ class EpochManager:
         return got
 
     def pinned_epochs(self) -> set[int]:
-        pinned = {e for e in self.leases.epochs() if e in set(self.catalog.epochs())}
+        pinned = {e for e in self.leases.epochs() | self.extra_pins() if e in set(self.catalog.epochs())}
         last = self.last_sealed()
         sealed_at = (self.catalog.meta("epoch_summaries", {}) or {}).get(str(last), {}).get("sealed_at", 0)
         if last >= 0 and time.time() - sealed_at < self.leases.default_ttl:
@@ -135,7 +139,31 @@ class EpochManager:
             fields = self.manifest_fields()
 
             def build() -> dict[str, Any]:
+                self._sealed_from = {epoch: (self.catalog.shards_version, cap)}
                 chosen = select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch)
                 return build_manifest(epoch, chosen, previous=previous, **fields)
 
-            return await asyncio.wrap_future(self.writer.seal(epoch, build))
+            raw = await asyncio.wrap_future(self.writer.seal(epoch, build))
+            self.on_new_epoch(epoch)
+            return raw
+
+    def reusable(self, min_samples: int, max_samples: int | None) -> int | None:
+        """The latest epoch, if sealing a new one now would give the same manifest: no shard came or went
+        since it was sealed (and the same cap, and enough samples)."""
+        last = self.last_sealed()
+        cap = self.max_samples if max_samples is None else max_samples
+        if self._sealed_from.get(last) != (self.catalog.shards_version, cap):
+            return None
+        summary = (self.catalog.meta("epoch_summaries", {}) or {}).get(str(last), {})
+        return last if int(summary.get("samples", 0)) >= max(1, min_samples) else None
+
+    async def seal_new(self, min_samples: int = 1, timeout: float = 30.0, max_samples: int | None = None) -> int:
+        """A freshly sealed epoch of the shards resident now (for a job's new epoch): the latest one when
+        nothing changed since it was sealed. Returns its number."""
+        same = self.reusable(min_samples, max_samples)
+        if same is not None:
+            self.on_new_epoch(same)  # a new job epoch starts on it: one more share of replacement
+            return same
+        epoch = self.last_sealed() + 1
+        await self.manifest(epoch, min_samples, timeout, max_samples)
+        return epoch

@@ -33,6 +33,10 @@ class Lease:
     expires_at: float
     created_at: float
     holder: str | None = None
+    job: str | None = None  # the job whose reader holds it
+    run: str | None = None  # that job's run
+    job_epoch: int | None = None  # that job's epoch number for this daemon epoch
+    read: int = 0  # samples this reader has read (reported with heartbeats and the release)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,17 +73,18 @@ class LeaseTable:
                 lease.expires_at = max(lease.expires_at, now + lease.ttl)
                 self._leases[lease.id] = lease
 
-    def take(self, epoch: int, ttl: float | None = None, holder: str | None = None) -> Lease:
+    def take(self, epoch: int, ttl: float | None = None, holder: str | None = None, job: str | None = None,
+             run: str | None = None, job_epoch: int | None = None) -> Lease:
         ttl = self.default_ttl if ttl is None else ttl
         if not 0 < ttl <= self.max_ttl:
             raise LeaseError(422, f"ttl must be in (0, {self.max_ttl}] seconds, not {ttl}")
         now = self.clock()
-        lease = Lease(secrets.token_hex(8), epoch, ttl, now + ttl, now, holder)
+        lease = Lease(secrets.token_hex(8), epoch, ttl, now + ttl, now, holder, job, run, job_epoch)
         with self._lock:
             self._leases[lease.id] = lease
         return lease
 
-    def heartbeat(self, epoch: int, lease_id: str) -> Lease:
+    def heartbeat(self, epoch: int, lease_id: str, read: int | None = None) -> Lease:
         now = self.clock()
         with self._lock:
             lease = self._leases.get(lease_id)
@@ -89,13 +94,17 @@ class LeaseTable:
             if lease is None or lease.epoch != epoch:
                 raise self._missing(epoch, lease_id, now)
             lease.expires_at = now + lease.ttl
+            if read is not None:
+                lease.read = max(lease.read, int(read))
             return lease
 
-    def release(self, epoch: int, lease_id: str) -> Lease:
+    def release(self, epoch: int, lease_id: str, read: int | None = None) -> Lease:
         with self._lock:
             lease = self._leases.get(lease_id)
             if lease is None or lease.epoch != epoch:
                 raise self._missing(epoch, lease_id, self.clock())
+            if read is not None:
+                lease.read = max(lease.read, int(read))
             return self._leases.pop(lease_id)
 
     def expire(self) -> list[Lease]:
@@ -114,6 +123,20 @@ class LeaseTable:
 
     def epochs(self) -> set[int]:
         return {l.epoch for l in self.live()}
+
+    def get(self, lease_id: str) -> Lease | None:
+        with self._lock:
+            return self._leases.get(lease_id)
+
+    def expired_for(self, job: str, job_epoch: int) -> Lease | None:
+        """The latest recently expired lease of ``job`` on its epoch ``job_epoch``, if any."""
+        with self._lock:
+            found = [l for l in self._expired.values() if l.job == job and l.job_epoch == job_epoch]
+        return max(found, key=lambda l: l.expires_at) if found else None
+
+    def jobs(self) -> set[str]:
+        """Jobs with a live lease."""
+        return {l.job for l in self.live() if l.job is not None}
 
     def saved(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import glob as _glob
+import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import fsspec
 import pyarrow as pa
@@ -12,6 +13,28 @@ import pyarrow.parquet as pq
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 OPEN_BLOCK_SIZE = 1 << 20  # s3fs defaults to 50 MiB: a footer read would fetch far too much
+
+
+def count_fetched(f: Any, count: Callable[[int], None]) -> Any:
+    """Have ``count(n)`` called with the bytes the open fsspec file ``f`` really fetches: a buffered remote
+    file's block fetches (read-ahead included), else the bytes of each read."""
+    cache = getattr(f, "cache", None)
+    fetch = getattr(cache, "fetcher", None)
+    if fetch is not None:
+        def fetcher(start: int, end: int) -> bytes:
+            out = fetch(start, end)
+            count(len(out))
+            return out  # type: ignore[no-any-return]
+        cache.fetcher = fetcher  # type: ignore[union-attr]
+        return f
+    read = f.read
+
+    def counted_read(*args: Any) -> bytes:
+        out = read(*args)
+        count(len(out))
+        return out  # type: ignore[no-any-return]
+    f.read = counted_read
+    return f
 
 
 class RemoteError(Exception):
@@ -43,6 +66,15 @@ class FsspecRemote:
             self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         except (ValueError, ImportError, TypeError) as e:
             raise RemoteError(f"cannot use source {url!r}: {e}") from e
+        self.bytes_read = 0  # bytes fetched from the remote by this object (footers and row groups)
+        self._count_lock = threading.Lock()
+
+    def _count(self, n: int) -> None:
+        with self._count_lock:
+            self.bytes_read += n
+
+    def _open(self, path: str, **kwargs: Any) -> Any:
+        return count_fetched(self.fs.open(path, "rb", block_size=OPEN_BLOCK_SIZE, **kwargs), self._count)
 
     def list_files(self) -> list[str]:
         try:
@@ -64,7 +96,7 @@ class FsspecRemote:
         return files
 
     def file_info(self, path: str) -> tuple[FileInfo, pa.Schema]:
-        with self.fs.open(path, "rb", block_size=OPEN_BLOCK_SIZE) as f:
+        with self._open(path) as f:
             pf = pq.ParquetFile(f)
             md = pf.metadata
             rgs = [md.row_group(i) for i in range(md.num_row_groups)]
@@ -74,8 +106,10 @@ class FsspecRemote:
             return info, pf.schema_arrow
 
     def read_row_group(self, path: str, row_group: int, columns: Sequence[str] | None) -> pa.Table:
-        with self.fs.open(path, "rb", block_size=OPEN_BLOCK_SIZE) as f:
-            return pq.ParquetFile(f).read_row_group(row_group, columns=list(columns) if columns else None)
+        # No read-ahead cache: pyarrow asks for the row group's column chunks (coalesced by pre_buffer), so the
+        # remote sends those bytes and not a block beyond them (2.06x -> 1.06x for 1 MiB row groups on S3)
+        with self._open(path, cache_type="none") as f:
+            return pq.ParquetFile(f, pre_buffer=True).read_row_group(row_group, columns=list(columns) if columns else None)
 
 
 def classify_error(exc: BaseException) -> str:

@@ -9,6 +9,7 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from samplecache.service.control import ConfigError, configure
 from samplecache.service.deps import DaemonDep, TokenDep
+from samplecache.service.status import sampler_state
 from samplecache.service.models import ConfigIn, ConfigOut, Problem, SamplerControl, ShardPage
 
 router = APIRouter(tags=["control"])
@@ -31,7 +32,7 @@ async def shards(d: DaemonDep, offset: Annotated[int, Query(ge=0)] = 0,
 
 def _control(d: Any) -> dict[str, Any]:
     d.paused_reason = d._why_not_sample() if d.planner is not None else d.paused_reason
-    return {"paused": d.user_paused, "state": d.sampler_state()}
+    return {"paused": d.user_paused, "state": sampler_state(d)}
 
 
 @router.post("/v1/samplers/pause", response_model=SamplerControl, responses=ERRORS, dependencies=[TokenDep])
@@ -48,7 +49,8 @@ async def resume(d: DaemonDep) -> Any:
 
 def _config(d: Any) -> dict[str, Any]:
     return {"max_bytes": d.max_bytes, "eviction_policy": d.policy, "min_free_disk": d.min_free_disk,
-            "epoch_max_samples": d.epochs.max_samples}
+            "epoch_max_samples": d.epochs.max_samples, "pacing": d.pacer.mode,
+            "replace_per_epoch": d.pacer.replace_per_epoch, "max_ingest_rate": d.pacer.max_rate}
 
 
 def _size(name: str, v: int | str | None) -> int | None:
@@ -70,11 +72,13 @@ async def get_config(d: DaemonDep) -> Any:
 
 @router.patch("/v1/config", response_model=ConfigOut, responses=ERRORS, dependencies=[TokenDep])
 async def patch_config(d: DaemonDep, body: ConfigIn) -> Any:
-    """Change the budget, eviction policy, free-disk guard or epoch cap at runtime (until restart)."""
+    """Change the budget, eviction policy, free-disk guard, epoch cap or pacing at runtime (until restart)."""
     try:
         configure(d, max_bytes=_size("max_bytes", body.max_bytes), policy=body.eviction_policy,
                     min_free_disk=_size("min_free_disk", body.min_free_disk),
-                    epoch_max_samples=body.epoch_max_samples)
+                    epoch_max_samples=body.epoch_max_samples, pacing=body.pacing,
+                    replace_per_epoch=body.replace_per_epoch,
+                    max_ingest_rate=_size("max_ingest_rate", body.max_ingest_rate))
     except ConfigError as e:
         raise HTTPException(e.status, e.message) from None
     return _config(d)

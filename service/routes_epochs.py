@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from samplecache.service.deps import DaemonDep, TokenDep
 from samplecache.service.epochs import EpochError
 from samplecache.service.leases import LeaseError
-from samplecache.service.models import LeaseIn, LeaseOut, Problem
+from samplecache.service.models import HeartbeatIn, LeaseIn, LeaseOut, Problem
 
 router = APIRouter(tags=["epochs"])
 ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (401, 404, 409, 410, 422, 503)}
@@ -50,8 +50,10 @@ async def take_lease(d: DaemonDep, epoch: Epoch, body: LeaseIn | None = None) ->
     if epoch not in d.catalog.epochs():
         raise HTTPException(404, f"epoch {epoch} is not sealed: GET /v1/epochs/{epoch} first")
     body = body or LeaseIn()
+    if body.job is not None:
+        d.jobs.job(body.job, body.run)  # 404 for an unknown job, 409 for a replaced run
     try:
-        lease = d.leases.take(epoch, body.ttl, body.holder)
+        lease = d.leases.take(epoch, body.ttl, body.holder, body.job, body.run, body.job_epoch)
     except LeaseError as e:
         raise _lease_error(e) from None
     # Checked on the writer thread, after any eviction already under way: from here on the lease pins them.
@@ -66,18 +68,24 @@ async def take_lease(d: DaemonDep, epoch: Epoch, body: LeaseIn | None = None) ->
 
 @router.post("/v1/epochs/{epoch}/leases/{lease_id}/heartbeat", response_model=LeaseOut, responses=ERRORS,
              dependencies=[TokenDep])
-async def heartbeat(d: DaemonDep, epoch: Epoch, lease_id: LeaseId) -> Any:
+async def heartbeat(d: DaemonDep, epoch: Epoch, lease_id: LeaseId, body: HeartbeatIn | None = None) -> Any:
+    """Keep the lease alive; ``read`` reports the samples its reader has read."""
+    lease = d.leases.get(lease_id)
+    if lease is not None and lease.job is not None:
+        d.jobs.job(lease.job, lease.run)  # a replaced run is told so (409)
     try:
-        return d.leases.heartbeat(epoch, lease_id).to_json()
+        return d.leases.heartbeat(epoch, lease_id, (body or HeartbeatIn()).read).to_json()
     except LeaseError as e:
         raise _lease_error(e) from None
 
 
 @router.delete("/v1/epochs/{epoch}/leases/{lease_id}", status_code=204, responses=ERRORS, dependencies=[TokenDep])
-async def release(d: DaemonDep, epoch: Epoch, lease_id: LeaseId) -> Response:
+async def release(d: DaemonDep, epoch: Epoch, lease_id: LeaseId,
+                  read: Annotated[int | None, Query(ge=0, le=2**62, description="Samples its reader read")] = None) -> Response:
     try:
-        d.leases.release(epoch, lease_id)
+        lease = d.leases.release(epoch, lease_id, read)
     except LeaseError as e:
         raise _lease_error(e) from None
+    d.lease_ended(lease)
     d.persist_leases()
     return Response(status_code=204)

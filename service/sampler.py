@@ -43,6 +43,7 @@ class SampleResult:
     seconds: float = 0.0
     error_kind: str | None = None  # 'unreachable' | 'transient' | 'corrupt'
     error: str | None = None
+    remote_bytes: int = 0          # bytes fetched from the remote store for this task
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -56,15 +57,21 @@ def _remote(task: SampleTask) -> FsspecRemote:
 def run_task(task: SampleTask) -> SampleResult:
     """Read, encode and stage one unit. Never raises."""
     t0 = time.perf_counter()
+    remote = None
+    before = 0
     try:
+        remote = _remote(task)
+        before = remote.bytes_read
         schema = Schema.from_json(task.schema)
-        table = _remote(task).read_row_group(task.path, task.row_group, schema.names)
+        table = remote.read_row_group(task.path, task.row_group, schema.names)
         blocks, rows_per_block = encode_table(table, schema, task.block_bytes)
         header = {"key": task.key, "path": task.path, "row_group": task.row_group, "unit": task.unit,
                   "cycle": task.cycle, "rows": table.num_rows, "rows_per_block": rows_per_block}
         staged = write_staged(Path(task.staging_dir), task.key, header, blocks)
         return SampleResult(task=task, ok=True, staged=str(staged), rows=table.num_rows,
-                            bytes=sum(len(b) for b in blocks), seconds=time.perf_counter() - t0)
+                            bytes=sum(len(b) for b in blocks), seconds=time.perf_counter() - t0,
+                            remote_bytes=remote.bytes_read - before)
     except Exception as e:  # every failure is a value; the supervisor decides what to do
         return SampleResult(task=task, ok=False, error_kind=classify_error(e),
-                            error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
+                            error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0,
+                            remote_bytes=remote.bytes_read - before if remote is not None else 0)

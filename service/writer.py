@@ -198,7 +198,8 @@ class Writer:
                     txn.put(u64(s.id), json.dumps(dict(s.__dict__, last_used_epoch=epoch), separators=(",", ":")).encode(),
                             db=self.dbs[b"shards"])
             summaries.update(self.catalog.meta("epoch_summaries", {}) or {})
-            summaries[str(epoch)] = {k: manifest[k] for k in ("samples", "new_samples", "bytes", "sealed_at")}
+            summaries[str(epoch)] = {k: manifest.get(k, 0) for k in ("samples", "new_samples", "bytes", "sealed_at",
+                                                                     "remote_bytes")}
             summaries[str(epoch)]["shards"] = len(manifest["shards"])
             txn.put(b"epoch_summaries", json.dumps(summaries).encode(), db=self.dbs[b"meta"])
             return raw

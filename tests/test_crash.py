@@ -162,7 +162,7 @@ def read_epoch(url: str, epoch: int) -> list[dict[str, Any]]:
     if "prefetch_next" in inspect.signature(SampleCacheDataset).parameters:
         kw["prefetch_next"] = False  # fetching epoch + 1 would seal it, and a fresh epoch pins the whole cache
     ds = SampleCacheDataset(url, **kw)
-    ds.set_epoch(epoch)
+    ds.set_epoch(0, daemon_epoch=epoch)  # a new job replaying daemon epoch `epoch`
     try:
         return list(ds)
     finally:
@@ -276,7 +276,8 @@ def test_sigkill_loop_leaves_a_consistent_cache(daemon: Any, crash_dataset: Cras
     seed = crash_seed()
     rng = random.Random(seed)
     cache = tmp_path / "cache"
-    extra = ["--max-bytes", str(BUDGET), "--block-bytes", str(BLOCK_BYTES), "--eviction-policy", "fifo"]
+    extra = ["--max-bytes", str(BUDGET), "--block-bytes", str(BLOCK_BYTES), "--eviction-policy", "fifo",
+             "--pacing", "off"]  # churn with no reader: every moment of an ingest gets killed
     d = daemon(crash_dataset.url, cache, extra=extra)
     runs = [d]
 
@@ -610,7 +611,7 @@ def test_staging_stays_bounded_while_the_pinned_budget_is_full(daemon: Any, cras
     # room for two shards, never three: once both are pinned, nothing can be ingested
     d = daemon(crash_dataset.url, cache, samplers=samplers,
                extra=["--max-bytes", str(int(2.5 * SHARD_BYTES)), "--block-bytes", str(BLOCK_BYTES),
-                      "--epoch-headroom", "0"])  # the epoch names every resident shard: all pinned
+                      "--epoch-headroom", "0", "--pacing", "off"])  # the epoch names every resident shard: all pinned
     with explained("backpressure", seed, [d]):
         wait_for(lambda: http_json(d.url + "/v1/status")["shards"] >= 2, 60, "two shards ingested")
         manifest = json.loads(http_raw(d.url + "/v1/epochs/0"))

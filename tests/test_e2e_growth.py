@@ -1,5 +1,6 @@
 """End to end: growth, the budget, leases and backpressure, the control API, the token and start-up settings
-errors, against the real S3 server of conftest.py and real ``samplecache serve`` subprocesses.
+errors, against the real S3 server of conftest.py and real ``samplecache serve`` subprocesses. Daemons that must
+churn with no reader run with ``--pacing off`` (paced replacement: test_e2e_pacing.py).
 
 Datasets: the session's typed dataset (3 files x 4 row groups of 150 rows = 12 units of ~41 KB) and, uploaded
 here under another prefix of the same bucket, the same rows in row groups of 50 (36 units of ~15 KB) where more
@@ -162,9 +163,10 @@ def check_bit_identical(samples: Iterable[dict[str, Any]], by_id: dict[int, dict
 
 
 def read_epoch(d: Any, epoch: int, token: str | None = None, **kw: Any) -> list[dict[str, Any]]:
-    """Every sample of ``epoch`` through the client, in this process (it takes and releases its own lease)."""
+    """Every sample of daemon epoch ``epoch`` through the client (a new job replaying it), in this process (it
+    takes and releases its own lease)."""
     ds = SampleCacheDataset(d.url, shuffle=False, prefetch_next=False, token=token, wait=30, retries=2, **kw)
-    ds.set_epoch(epoch)
+    ds.set_epoch(0, daemon_epoch=epoch)
     return list(iter(ds))
 
 
@@ -223,7 +225,7 @@ def test_growth_later_epochs_have_more_samples(daemon: Any, rg50: TypedDataset,
 
 # ----------------------------------------------------------------------------------------------- budget
 def test_budget_holds_while_sampling_churns_and_a_new_pass_begins(daemon: Any, typed_dataset: TypedDataset) -> None:
-    d = daemon(samplers=1, extra=["--max-bytes", str(TYPED_BUDGET)])
+    d = daemon(samplers=1, extra=["--pacing", "off", "--max-bytes", str(TYPED_BUDGET)])
     largest = 0
     seen, cycles, evictions = [], [], []
     deadline = time.monotonic() + 60
@@ -258,7 +260,7 @@ def test_budget_holds_while_sampling_churns_and_a_new_pass_begins(daemon: Any, t
 # ----------------------------------------------------------------------------------------------- leases
 def test_a_lease_pins_its_epoch_through_churn_until_released_or_expired(daemon: Any, typed_dataset: TypedDataset,
                                                                         until: Callable[..., Any]) -> None:
-    d = daemon(samplers=1, extra=["--max-bytes", str(TYPED_BUDGET), "--lease-ttl", "1"])
+    d = daemon(samplers=1, extra=["--pacing", "off", "--max-bytes", str(TYPED_BUDGET), "--lease-ttl", "1"])
     m0 = manifest(d, 0, min_samples=300, max_samples=300)  # 2 of the ~4 shards the budget holds
     ids0 = set(shard_ids(m0))
     assert len(ids0) == 2 and m0["samples"] == 300
@@ -307,7 +309,7 @@ def test_a_lease_pins_its_epoch_through_churn_until_released_or_expired(daemon: 
 
 def test_backpressure_when_every_evictable_shard_is_pinned(daemon: Any, rg50: TypedDataset,
                                                            until: Callable[..., Any]) -> None:
-    d = daemon(rg50.url, samplers=1, extra=["--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1", "--epoch-headroom", "0"])
+    d = daemon(rg50.url, samplers=1, extra=["--pacing", "off", "--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1", "--epoch-headroom", "0"])
     until(lambda: status(d)["evictions"] > 0, 30, "the budget to fill")
     m = manifest(d, 0)
     ids0 = set(shard_ids(m))
@@ -344,7 +346,7 @@ def test_backpressure_when_every_evictable_shard_is_pinned(daemon: Any, rg50: Ty
 
 def test_backpressure_really_stops_the_samplers(daemon: Any, rg50: TypedDataset, until: Callable[..., Any]) -> None:
     samplers = 1
-    d = daemon(rg50.url, samplers=samplers, extra=["--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1", "--epoch-headroom", "0"])
+    d = daemon(rg50.url, samplers=samplers, extra=["--pacing", "off", "--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1", "--epoch-headroom", "0"])
     until(lambda: status(d)["evictions"] > 0, 30, "the budget to fill")
     manifest(d, 0)
     take_lease(d, 0, ttl=60)
@@ -365,7 +367,7 @@ def test_backpressure_really_stops_the_samplers(daemon: Any, rg50: TypedDataset,
 
 def test_a_lease_on_an_epoch_whose_shards_are_gone_is_refused(daemon: Any, typed_dataset: TypedDataset,
                                                               until: Callable[..., Any]) -> None:
-    d = daemon(samplers=1, extra=["--max-bytes", str(TYPED_BUDGET), "--lease-ttl", "1"])
+    d = daemon(samplers=1, extra=["--pacing", "off", "--max-bytes", str(TYPED_BUDGET), "--lease-ttl", "1"])
     ids0 = set(shard_ids(manifest(d, 0, max_samples=150)))
     until(lambda: not ids0 & set(resident(d)), 30, "epoch 0's shard to be evicted (no lease, TTL window over)")
     r = call(f"{d.url}/v1/epochs/0/leases", "POST", {"ttl": 60})
@@ -431,7 +433,10 @@ def test_control_api_and_its_errors(daemon: Any, rg50: TypedDataset, until: Call
            ({"max_bytes": "-5MiB"}, 422, ["max_bytes"]), ({"max_bytes": 0}, 422, ["max_bytes"]),
            ({"min_free_disk": -1}, 422, ["min_free_disk"]), ({"epoch_max_samples": -1}, 422, []),
            ({"eviction_policy": "nope"}, 422, ["nope", "fifo"]), ({"max_bytes": 1000}, 409, ["at least"]),
-           ({"max_bytes": "1TB"}, 409, ["max_bytes"]), ({"unknown_setting": 1}, 422, [])]
+           ({"max_bytes": "1TB"}, 409, ["max_bytes"]), ({"unknown_setting": 1}, 422, []),
+           ({"replace_per_epoch": 1.5}, 422, ["replace_per_epoch", "1"]),
+           ({"replace_per_epoch": -0.1}, 422, ["replace_per_epoch", "0"]), ({"pacing": "fast"}, 422, ["fast", "epoch"]),
+           ({"max_ingest_rate": "quick"}, 422, ["max_ingest_rate"]), ({"max_ingest_rate": -1}, 422, ["max_ingest_rate"])]
     for body, code, words in bad:
         assert_problem(call(f"{d.url}/v1/config", "PATCH", body), code, *words)
     one_shard = call(f"{d.url}/v1/config", "PATCH", {"max_bytes": 1000})
@@ -439,6 +444,13 @@ def test_control_api_and_its_errors(daemon: Any, rg50: TypedDataset, until: Call
     sizes += [x["bytes"] for x in resident(d).values()]
     assert min(sizes) <= fits <= 2 * max(sizes), (fits, sizes)
     assert call(f"{d.url}/v1/config").json() == {**cfg, "max_bytes": 200_000, "eviction_policy": "lru"}
+    r = call(f"{d.url}/v1/config", "PATCH", {"replace_per_epoch": 0.5, "max_ingest_rate": "10MB"})
+    assert r.status == 200 and (r.json()["pacing"], r.json()["replace_per_epoch"], r.json()["max_ingest_rate"]) == (
+        "epoch", 0.5, 10**7), r
+    p = status(d)["pacing"]
+    assert (p["mode"], p["replace_per_epoch"], p["max_ingest_rate"]) == ("epoch", 0.5, 10**7)
+    assert call(f"{d.url}/v1/config", "PATCH", {"replace_per_epoch": cfg["replace_per_epoch"],
+                                                 "max_ingest_rate": 0}).status == 200
 
     # a budget below what live leases pin
     m = manifest(d, 0)
@@ -599,7 +611,7 @@ def test_a_full_leased_cache_still_takes_new_data(daemon: Any, rg50: TypedDatase
     next: while that epoch is leased (all of its shards pinned), new shards still come in, and the next
     epoch holds new data."""
     budget = 2 * RG50_BUDGET  # ~8 shards: 20% headroom is at least one shard
-    d = daemon(rg50.url, samplers=1, extra=["--max-bytes", str(budget), "--lease-ttl", "1"])
+    d = daemon(rg50.url, samplers=1, extra=["--pacing", "off", "--max-bytes", str(budget), "--lease-ttl", "1"])
     until(lambda: status(d)["evictions"] > 0, 30, "the budget to fill")
     m0 = manifest(d, 0)
     ids0 = set(shard_ids(m0))

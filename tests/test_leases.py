@@ -45,7 +45,8 @@ def test_take_gives_a_lease_with_the_default_ttl(table: LeaseTable, clock: FakeC
     assert table.live() == [lease]
     assert table.epochs() == {3}
     assert lease.to_json() == {"id": lease.id, "epoch": 3, "ttl": 10.0, "expires_at": clock.now + 10.0,
-                               "created_at": clock.now, "holder": "host pid 1"}
+                               "created_at": clock.now, "holder": "host pid 1", "job": None, "run": None,
+                               "job_epoch": None, "read": 0}
 
 
 def test_take_with_an_explicit_ttl(table: LeaseTable, clock: FakeClock) -> None:

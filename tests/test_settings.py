@@ -99,6 +99,11 @@ def test_defaults() -> None:
     ("num_nodes", 0),
     ("node_rank", -1),
     ("storage_options", "[1]"),
+    ("pacing", "fast"),
+    ("replace_per_epoch", -0.1),
+    ("replace_per_epoch", 1.5),
+    ("max_ingest_rate", "-1"),
+    ("max_ingest_rate", "quick"),
 ])
 def test_bad_values_fail(field: str, value: object) -> None:
     with pytest.raises(ValidationError) as ei:
@@ -114,6 +119,14 @@ def test_bad_values_fail(field: str, value: object) -> None:
 def test_sizes_with_trailing_junk_fail(field: str, text: str) -> None:
     with pytest.raises(ValidationError):
         Settings(**{field: text})
+
+
+def test_pacing_out_of_range_names_the_allowed_range(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--replace-per-epoch", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--replace-per-epoch" in err and "less than or equal to 1" in err
+    assert main(["serve", "--pacing", "fast"]) == 2
+    assert "epoch, off" in capsys.readouterr().err
 
 
 def test_node_rank_must_be_below_num_nodes() -> None:
@@ -172,6 +185,9 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "EPOCH_WAIT_MAX": "5",
         "RETRY_SECONDS": "0.5",
         "LOG_LEVEL": "DEBUG",
+        "PACING": "off",
+        "REPLACE_PER_EPOCH": "0.5",
+        "MAX_INGEST_RATE": "200MB",
     }
     for k, v in env.items():
         monkeypatch.setenv("SAMPLECACHE_" + k, v)
@@ -189,6 +205,7 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert (s.node_rank, s.num_nodes) == (1, 4)
     assert int(s.block_bytes) == 256 * 1024
     assert s.epoch_wait_max == 5 and s.retry_seconds == 0.5 and s.log_level == "debug"
+    assert (s.pacing, s.replace_per_epoch, int(s.max_ingest_rate)) == ("off", 0.5, 200 * 10**6)
     # the test covers every setting there is
     assert {k.lower() for k in env} == set(FIELDS)
 
@@ -235,6 +252,8 @@ def test_serve_with_bad_env_exits_2_naming_the_setting(tmp_path: Path) -> None:
     (["--port", "99999"], "--port"),
     (["--log-level", "loud"], "--log-level"),
     (["--eviction-policy", "mru"], "--eviction-policy"),
+    (["--pacing", "fast"], "--pacing"),
+    (["--replace-per-epoch", "2"], "--replace-per-epoch"),
 ])
 def test_serve_in_process_names_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", *argv]) == 2
@@ -285,7 +304,8 @@ def test_every_setting_is_a_serve_flag(name: str, serve_help: str) -> None:
              "samplers": "255", "host": "::1", "port": "1234", "token": "t", "storage_options": '{"a": 1}',
              "columns": "a", "seed": "3", "eviction_policy": "random", "lease_ttl": "3", "epoch_headroom": "0.1", "epoch_max_samples": "7",
              "discover_interval": "9", "node_rank": "0", "num_nodes": "2", "block_bytes": "8KiB",
-             "epoch_wait_max": "4", "retry_seconds": "2", "log_level": "error"}.get(name)
+             "epoch_wait_max": "4", "retry_seconds": "2", "log_level": "error", "pacing": "off",
+             "replace_per_epoch": "0.5", "max_ingest_rate": "1MB"}.get(name)
     if value is None:
         pytest.fail(f"new setting {name!r}: add a sample value to this test")
     args = build_parser().parse_args(["serve", flag, value])

@@ -1,0 +1,144 @@
+"""The job table: attach, join, take over, resume, epoch mappings, reads, expiry and persistence."""
+
+from __future__ import annotations
+
+import pytest
+
+from samplecache.service.jobs import JobError, JobTable
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def table(clock: Clock) -> JobTable:
+    return JobTable(ttl=60.0, clock=clock)
+
+
+def test_a_new_job_starts_at_epoch_0_and_its_run_joins_it(table: JobTable) -> None:
+    job = table.attach("train", "aaaa1111")
+    assert (job.name, job.run, job.start_epoch, job.runs) == ("train", "aaaa1111", 0, 1)
+    table.map_epoch("train", 0, 7)
+    again = table.attach("train", "aaaa1111")  # another worker or rank of the same run
+    assert again is job and again.start_epoch == 0 and again.epochs == {0: 7}
+
+
+def test_a_new_run_takes_the_job_over_at_its_next_epoch(table: JobTable) -> None:
+    table.attach("train", "aaaa1111")
+    table.map_epoch("train", 0, 3)
+    table.map_epoch("train", 1, 5)
+    job = table.attach("train", "bbbb2222")
+    assert (job.run, job.start_epoch, job.runs) == ("bbbb2222", 2, 2)
+    assert job.epochs == {0: 3, 1: 5}  # the mapping belongs to the job: a resumed epoch reads the same data
+    with pytest.raises(JobError) as info:  # the replaced run is told, never silently reads on
+        table.job("train", "aaaa1111")
+    assert info.value.status == 409 and "taken over" in info.value.message
+    with pytest.raises(JobError) as info:
+        table.attach("train", "aaaa1111")  # and cannot take it back
+    assert info.value.status == 409
+
+
+def test_resume_needs_a_known_job_and_names_the_known_ones(table: JobTable) -> None:
+    table.attach("alpha", "aaaa1111")
+    table.attach("beta", "bbbb2222")
+    with pytest.raises(JobError) as info:
+        table.attach("gamma", "cccc3333", resume=True)
+    assert info.value.status == 404
+    assert "'gamma'" in info.value.message and "alpha, beta" in info.value.message
+    assert info.value.extra["known"] == ["alpha", "beta"]
+    assert table.attach("beta", "dddd4444", resume=True).run == "dddd4444"
+
+
+def test_a_run_that_never_attached_is_refused(table: JobTable) -> None:
+    table.attach("train", "aaaa1111")
+    with pytest.raises(JobError) as info:
+        table.job("train", "ffff0000")
+    assert info.value.status == 409 and "POST /v1/jobs" in info.value.message
+    with pytest.raises(JobError) as info:
+        table.job("nope")
+    assert info.value.status == 404
+
+
+def test_reads_of_ended_leases_add_up_per_job_epoch(table: JobTable) -> None:
+    table.attach("train", "aaaa1111")
+    table.add_read("train", 0, 100)
+    table.add_read("train", 0, 50)
+    table.add_read("train", 1, 7)
+    table.add_read("train", None, 9)  # a lease without a job epoch counts for nothing
+    table.add_read("other", 0, 9)  # an unknown job: ignored
+    assert table.job("train").read == {0: 150, 1: 7}
+
+
+def test_new_mappings_pin_their_epoch_for_the_ttl(table: JobTable, clock: Clock) -> None:
+    table.attach("train", "aaaa1111")
+    table.map_epoch("train", 0, 4)
+    assert table.recently_mapped() == {4}
+    clock.now += 61
+    assert table.recently_mapped() == set()
+
+
+def test_a_job_without_lease_or_request_expires_and_comes_back_when_it_attaches(table: JobTable, clock: Clock) -> None:
+    table.attach("idle", "aaaa1111")
+    table.attach("reading", "bbbb2222")
+    table.map_epoch("idle", 0, 1)
+    clock.now += 30
+    assert table.expire(leased=set()) == []
+    clock.now += 31
+    gone = table.expire(leased={"reading"})  # a live lease keeps a job alive
+    assert [j.name for j in gone] == ["idle"] and table.active() == 1
+    assert table.recently_mapped() == set()  # an expired job pins nothing
+    table.job("idle")  # an inspection does not revive it
+    assert table.job("idle").expired
+    job = table.attach("idle", "aaaa1111")  # its run comes back (a long stall): the job lives again
+    assert not job.expired and job.epochs == {0: 1}
+
+
+def test_inspection_does_not_keep_a_job_alive(table: JobTable, clock: Clock) -> None:
+    table.attach("train", "aaaa1111")
+    for _ in range(3):
+        clock.now += 30
+        table.job("train")
+    assert [j.name for j in table.expire(set())] == ["train"]
+
+
+def test_saved_jobs_come_back_with_a_fresh_ttl(table: JobTable, clock: Clock) -> None:
+    table.attach("train", "aaaa1111")
+    table.map_epoch("train", 0, 2)
+    table.map_epoch("train", 1, 3)
+    table.add_read("train", 0, 11)
+    table.attach("old", "bbbb2222")
+    clock.now += 100
+    table.expire(set())
+    saved = table.saved()
+    clock.now += 1000
+    again = JobTable(ttl=60.0, clock=clock)
+    again.load(saved)
+    job = again.job("train", "aaaa1111")
+    assert job.epochs == {0: 2, 1: 3} and job.read == {0: 11}
+    assert again.expire(set()) == []  # reloaded live jobs get a fresh TTL
+    assert again.job("old").expired  # expired ones stay expired (kept for a restart by name)
+    assert again.attach("train", "cccc3333").start_epoch == 2
+
+
+def test_expired_jobs_beyond_the_cap_are_forgotten_oldest_first(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    import samplecache.service.jobs as jobs
+    monkeypatch.setattr(jobs, "JOBS_KEPT", 3)
+    table = JobTable(ttl=1.0, clock=clock)
+    for i in range(3):
+        table.attach(f"j{i}", f"aaaa000{i}")
+        clock.now += 0.1
+    clock.now += 2
+    table.expire(set())
+    table.attach("j3", "aaaa0003")
+    table.attach("j4", "aaaa0004")
+    assert [j.name for j in table.all()] == ["j2", "j3", "j4"]
