@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["SampleCacheDataset", "SampleCacheLoader", "DaemonError", "__version__"]
+__all__ = ["SampleCacheDataset", "SampleCacheLoader", "DaemonError", "EpochGone", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,7 +20,7 @@ def __getattr__(name: str) -> Any:
     if name == "SampleCacheLoader":
         from samplecache.loader import SampleCacheLoader
         return SampleCacheLoader
-    if name == "DaemonError":
-        from samplecache.daemon_api import DaemonError
-        return DaemonError
+    if name in ("DaemonError", "EpochGone"):
+        from samplecache import daemon_api
+        return getattr(daemon_api, name)
     raise AttributeError(f"module 'samplecache' has no attribute {name!r}")

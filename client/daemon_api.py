@@ -10,14 +10,32 @@ from typing import Any
 
 
 class DaemonError(RuntimeError):
-    """The daemon refused a request or could not be reached; the message says which and why."""
+    """The daemon refused a request or could not be reached; the message says which and why. ``status`` is
+    the HTTP status of a refusal (None when the daemon could not be reached), ``body`` its JSON body."""
+
+    def __init__(self, message: str, status: int | None = None, body: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.body = status, body or {}
 
 
-def _detail(body: bytes) -> str:
+class EpochGone(DaemonError):
+    """The job's epoch can no longer be read (its leases ended and its shards were evicted, e.g. after a long
+    outage). ``next_epoch`` is where the job can go on: ``ds.set_epoch(e.next_epoch)``."""
+
+    @property
+    def next_epoch(self) -> int:
+        return int(self.body["next_epoch"])
+
+
+def _problem(body: bytes) -> tuple[str, dict[str, Any]]:
+    """The refusal's message and its JSON body (empty when it is not a JSON object)."""
     try:
-        return str(json.loads(body).get("detail", body[:500].decode(errors="replace")))
-    except (ValueError, AttributeError):
-        return body[:500].decode(errors="replace")
+        got = json.loads(body)
+        if isinstance(got, dict):
+            return str(got.get("detail", body[:500].decode(errors="replace"))), got
+    except ValueError:
+        pass
+    return body[:500].decode(errors="replace"), {}
 
 
 def request_json(url: str, method: str = "GET", token: str | None = None, body: Any = None,
@@ -37,9 +55,10 @@ def request_json(url: str, method: str = "GET", token: str | None = None, body: 
                 raw = resp.read()
                 return json.loads(raw) if raw else None
         except urllib.error.HTTPError as e:
-            detail = _detail(e.read())
+            detail, problem = _problem(e.read())
             if e.code != 503:
-                raise DaemonError(f"samplecache daemon at {url} answered {e.code}: {detail}") from None
+                kind = EpochGone if e.code == 410 and "next_epoch" in problem else DaemonError
+                raise kind(f"samplecache daemon at {url} answered {e.code}: {detail}", e.code, problem) from None
             last = f"{e.code}: {detail}"
             wait = float(e.headers.get("Retry-After") or backoff * 2 ** attempt)
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import copy
-import threading
-import weakref
+import itertools
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -12,56 +11,23 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
-from samplecache.daemon_api import DaemonError, fetch_manifest
 from samplecache.epoch_clock import EpochClock
-from samplecache.lease import LeaseKeeper
+from samplecache.epoch_source import EpochPlan, EpochSource
 from samplecache.gather import default_threads
 from samplecache.partition import PARTIAL, part_range, rank_range, shard_order, spans_for
 from samplecache.prefetch import prefetched
-from samplecache.reader import CacheReader, split_batch
-from samplecache.record import FORMAT_VERSION, FormatError, Schema, unpack_shard_table
+from samplecache.reader import split_batch
 from samplecache.stream import Stream
-from samplecache.topology import Topology, dist_rank_world, topology  # noqa: F401 (re-exported)
+from samplecache.topology import Topology, agreed_run, dist_rank_world, topology  # noqa: F401 (re-exported)
 from samplecache.transport import Ring, ring_batch
 
-CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
 AHEAD_BYTES = 8 << 20  # read ahead by the prefetch thread, beyond one chunk or batch
 BATCH_ALONE_BYTES = 1 << 20  # a batch at least this large is gathered on its own
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 
 
-def _release_all(keepers: dict[int, LeaseKeeper]) -> None:
-    for keeper in list(keepers.values()):
-        keeper.release()
-    keepers.clear()
-
-
-class EpochPlan:
-    """One epoch's manifest, as this reader sees it."""
-
-    def __init__(self, manifest: dict[str, Any], columns: Sequence[str] | None) -> None:
-        version = manifest.get("format_version", FORMAT_VERSION)
-        if int(version) != FORMAT_VERSION:
-            raise FormatError(f"record format version mismatch: the daemon serves v{version}, this samplecache "
-                              f"client reads v{FORMAT_VERSION}: install matching versions")
-        self.manifest = manifest
-        self.epoch = int(manifest["epoch"])
-        self.schema = Schema.from_json(manifest["schema"])
-        names = self.schema.names
-        wanted = list(columns) if columns is not None else names
-        unknown = [c for c in wanted if c not in names]
-        if unknown:
-            raise KeyError(f"columns {unknown} are not cached; the cache has {names}")
-        self.cols = [self.schema.index(c) for c in wanted]
-        table = (unpack_shard_table(manifest["shards_packed"]) if "shards_packed" in manifest
-                 else np.array(manifest["shards"], dtype=np.int64).reshape(-1, 4))
-        self.ids, self.rows, self.rows_per_block = table[:, 0].copy(), table[:, 1].copy(), table[:, 3].copy()
-        self.total = int(self.rows.sum())
-        sample_bytes = max(1, int(manifest.get("bytes", 0)) // max(1, self.total))
-        self.sample_bytes = sample_bytes
-        self.chunk = int(min(4096, max(1, CHUNK_BYTES // sample_bytes)))  # positions per read transaction
-        self.reader = CacheReader(manifest["lmdb_path"], int(manifest["map_size"]), self.schema)
+_DATASETS = itertools.count()  # the n-th dataset made in a process: the same n on every rank
 
 
 class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
@@ -82,7 +48,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
                  *, batch_size: int | None = None, drop_last: bool = False, shuffle_buffer: int = 0,
                  partial: str = "pad", min_samples: int = 1, wait: float = 60.0, token: str | None = None,
                  retries: int = 5, lease: bool = True, prefetch_next: bool = True, prefetch: int = 2,
-                 copy_threads: int | None = None) -> None:
+                 copy_threads: int | None = None, job: str | None = None) -> None:
         super().__init__()
         if partial not in PARTIAL:
             raise ValueError(f"partial must be one of {PARTIAL}, not {partial!r}")
@@ -110,20 +76,25 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self._clock = EpochClock(0)
         self._topology = topology()
         self._iterations = 0
-        self._plans: dict[int, EpochPlan] = {}
-        self._plans_lock = threading.Lock()
-        self._keepers: dict[int, LeaseKeeper] = {}  # leases taken ahead, with the next manifest
-        weakref.finalize(self, _release_all, self._keepers)  # a dropped dataset frees them at once
+        self._epochs = EpochSource(self.url, self._clock, self.columns, job=job, token=token, retries=retries,
+                                   min_samples=min_samples, wait=wait, lease=lease)
+        # every rank of a torch.distributed run (and every DataLoader worker, which gets a copy) must use
+        # the same run id, so that they all read the same job: agreed once, here
+        self._epochs.run = agreed_run(self._epochs.run, next(_DATASETS))
         self._resume: dict[str, Any] | None = None
         self._ring: Ring | None = None  # set by SampleCacheLoader before its workers fork
         self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
         self._collate_rest = False  # set by SampleCacheLoader: non-tensor columns through default_collate
 
     # -- epochs ----------------------------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Read ``epoch`` on the next iteration (later iterations go on from there)."""
+    def set_epoch(self, epoch: int, daemon_epoch: int | None = None) -> None:
+        """Read the job's ``epoch`` on the next iteration (later iterations go on from there). With
+        ``daemon_epoch``, that epoch replays the sealed daemon epoch of that number (a snapshot: exactly what
+        an earlier run read, while it is still resident)."""
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
+        if daemon_epoch is not None:
+            self._epochs.replay(int(epoch), int(daemon_epoch))
         self._clock.set(int(epoch))
         self._position = (int(epoch), 0)
         if get_worker_info() is None:
@@ -133,39 +104,25 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         """The epoch the latest iteration (in any worker) read, if known."""
         return self._clock.current()
 
+    @property
+    def job(self) -> str:
+        """The job this dataset reads as (given, or made for this run): its epochs are its own."""
+        return self._epochs.job_name
+
     def plan(self, epoch: int) -> EpochPlan:
-        """The manifest of ``epoch`` (fetched once per process; the first fetch anywhere seals it)."""
-        with self._plans_lock:
-            got = self._plans.get(epoch)
-        if got is None:
-            manifest = fetch_manifest(self.url, epoch, self.min_samples, self.wait, self.token, self.retries)
-            got = EpochPlan(manifest, self.columns)
-            with self._plans_lock:
-                self._plans[epoch] = got
-                for old in [e for e in self._plans if e < epoch - 1]:
-                    del self._plans[old]
-        return got
+        """The manifest of job epoch ``epoch`` (fetched once per process; the job's first request seals it)."""
+        return self._epochs.plan(epoch)
 
-    def _prefetch(self, epoch: int, holder: str) -> None:
-        """Fetch (so seal) the next epoch's manifest and take its lease before this epoch ends."""
-        def run() -> None:
-            try:
-                self.plan(epoch)
-                # Lease it now, so its shards are pinned from the moment it is sealed. A worker that is
-                # not persistent exits before the next epoch: its lease then just expires after the TTL,
-                # while the next workers take their own.
-                if self.lease and epoch not in self._keepers:
-                    self._keepers[epoch] = LeaseKeeper(self.url, epoch, self.token, holder=holder)
-            except (DaemonError, KeyError, ValueError):
-                pass  # the next iteration fetches it again and reports the error there
-        threading.Thread(target=run, name=f"samplecache-prefetch-{epoch}", daemon=True).start()
+    def close(self) -> None:
+        """Release this dataset's leases now (the one taken ahead for the next epoch too) and stop its
+        threads. Dropping the last reference does the same."""
+        self._epochs.close()
 
-    def _keeper(self, epoch: int, holder: str) -> LeaseKeeper | None:
-        """This epoch's lease: the one prefetched with its manifest, or a new one."""
-        got = self._keepers.pop(epoch, None)
-        if got is not None and got.lost is None and got.alive():
-            return got
-        return LeaseKeeper(self.url, epoch, self.token, holder=holder) if self.lease else None
+    def __enter__(self) -> "SampleCacheDataset":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _next_epoch(self) -> int:
         info = get_worker_info()
@@ -215,6 +172,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
 
     def next_epoch(self) -> int:
         """The epoch the next iteration will read."""
+        self._epochs.attach()  # a job restarted by name goes on at its next epoch
         return self._clock.peek()
 
     def _start(self, epoch: int, worker: int, workers: int) -> int:
@@ -230,6 +188,9 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        if self._epochs.closed:
+            raise RuntimeError("this SampleCacheDataset is closed")
+        self._epochs.attach()
         epoch = self._next_epoch()
         plan = self.plan(epoch)
         topo = topology(self._topology)
@@ -238,20 +199,21 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         stream = self.stream(plan, topo, worker, workers)
         start = self._start(epoch, worker, workers)
         holder = f"rank {topo.rank} worker {worker}"
-        keeper = self._keeper(epoch, holder)
+        keeper = self._epochs.keeper(plan, holder)
         prefetch_at = int(PREFETCH_AT * stream.total) if self.prefetch_next else -1
         self._position = (epoch, start)
         try:
             items = self._batches(plan, stream, start) if self.batch_size else self._samples(plan, stream, start)
             for pos, item in items:
                 if pos >= prefetch_at >= 0:
-                    self._prefetch(epoch + 1, holder)
+                    self._epochs.prefetch(epoch + 1, holder)
                     prefetch_at = -1
                 self._position = (epoch, pos)
+                if keeper is not None:
+                    keeper.read = pos - start
                 yield item if self.transform is None else self.transform(item)
         finally:
-            if keeper is not None:
-                keeper.release()
+            self._epochs.done(keeper)
 
     def _threads(self) -> int:
         """Threads that copy a large batch: several in-process, one in a DataLoader worker (the workers
@@ -365,32 +327,27 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     def batched_like_collate(self, batch_size: int, drop_last: bool) -> "SampleCacheDataset":
         """A shallow copy that makes batches equal to what DataLoader's default collation makes of these
         samples (for SampleCacheLoader), sharing the epoch clock and manifests; its leases are its own."""
-        twin = copy.copy(self)  # through __getstate__: a fresh lock and no keepers of its own yet
-        weakref.finalize(twin, _release_all, twin._keepers)
+        twin = copy.copy(self)  # shares the epoch source: its job, manifests and leases
         twin.batch_size, twin.drop_last, twin._collate_rest = int(batch_size), bool(drop_last), True
         return twin
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_ring"] = None  # only forked workers share the ring (inherited, never pickled)
-        state["_plans_lock"] = None
-        state["_keepers"] = {}
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._plans_lock = threading.Lock()
 
     # -- resuming (in-process iteration; with DataLoader workers use SampleCacheLoader) ---------------
     def state_dict(self) -> dict[str, Any]:
         """Where an in-process iteration (no DataLoader workers) stands: resume with load_state_dict."""
         epoch, pos = self._position
-        return {"epoch": epoch, "skip": [pos], "seed": self.seed, "shuffle": self.shuffle}
+        return {"epoch": epoch, "skip": [pos], "seed": self.seed, "shuffle": self.shuffle, "job": self.job}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the saved epoch at the saved position on the next iteration."""
+        """Resume the saved job's epoch at the saved position on the next iteration (this run takes the job
+        over; the daemon answers 404, naming the jobs it knows, when it does not know the job)."""
         if state.get("seed", self.seed) != self.seed or state.get("shuffle", self.shuffle) != self.shuffle:
             raise ValueError("the state was saved with another seed or shuffle setting")
+        self._epochs.resume_job(state.get("job"))
         self._resume = {"epoch": int(state["epoch"]), "skip": [int(s) for s in state["skip"]]}
         self.set_epoch(int(state["epoch"]))
         if len(self._resume["skip"]) == 1:

@@ -129,6 +129,8 @@ def train(url: str, epochs: int = 4, batch_size: int = 256, workers: int = 2, se
         print(f"epoch {epoch}: epoch sample {plan.total} (+{rec['new_samples']} new), cache now {cached}, "
               f"trained {seen}, loss {rec['loss']:.3f}, train acc {rec['train_acc']:.3f}, "
               f"val acc {val_acc:.3f}, {rec['samples_per_s']:,.0f} samples/s", flush=True)
+    del loader  # its workers stop
+    ds.close()  # and the leases go now, not after the TTL
     return history
 
 

@@ -17,17 +17,32 @@ from typing import Any
 
 class EpochClock:
     def __init__(self, start: int = 0) -> None:
-        # [next epoch, has key, key part a, key part b, agreed epoch, agreed samples per rank].
+        # [next epoch, has key, key part a, key part b, agreed epoch, agreed samples per rank, start fixed].
         # The fork context's lock is an unnamed semaphore (unlinked at once): nothing can be left in
         # /dev/shm, whatever kills the trainer. Workers started by spawn/forkserver get a local copy.
-        self._shared: Any = mp.get_context("fork").Array("q", [start, 0, 0, 0, -1, 0])
+        self._shared: Any = mp.get_context("fork").Array("q", [start, 0, 0, 0, -1, 0, 0])
         self._local_next = start  # used when the shared record could not travel (pickled by hand)
+        self._local_fixed = False
+
+    def start_at(self, epoch: int) -> None:
+        """Where the first iteration starts when ``set`` was not called (a job restarted by name goes on at
+        its next epoch). Every process of the run gives the same value; the first call counts."""
+        if self._shared is None:
+            if not self._local_fixed:
+                self._local_next, self._local_fixed = epoch, True
+            return
+        with self._shared.get_lock():
+            s = self._shared
+            if not s[6]:
+                s[6] = 1
+                if not s[1]:  # nothing read yet
+                    s[0] = epoch
 
     def set(self, epoch: int) -> None:
         if self._shared is not None:
             with self._shared.get_lock():
-                self._shared[0], self._shared[1] = epoch, 0
-        self._local_next = epoch
+                self._shared[0], self._shared[1], self._shared[6] = epoch, 0, 1
+        self._local_next, self._local_fixed = epoch, True
 
     def peek(self) -> int:
         """The epoch the next iteration (a new key) will read."""

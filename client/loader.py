@@ -11,7 +11,8 @@ none skipped.
 from __future__ import annotations
 
 import multiprocessing as mp
-from typing import Any, Iterator
+import weakref
+from typing import Any, Callable, Iterator
 
 from torch.utils.data import DataLoader
 
@@ -70,6 +71,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         self._packed = False
         self._base: list[int] | None = None  # per-worker samples already consumed before this iteration
         self._epoch: int | None = None
+        self._running: Callable[[], Any] = lambda: None  # the latest DataLoader iterator (a weak reference)
 
     def _workers(self) -> int:
         return max(1, self.num_workers)
@@ -104,6 +106,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         ds._ring = self._ring_for(ds)
         self._packed = ds._ring is not None and self._pack() > 1  # the workers send packs of batches
         it = super().__iter__()
+        self._running = weakref.ref(it)
         ds._ring = None  # the workers have forked with it; a plain DataLoader later must not see it
         self._taken = self._items = self._in_item = 0
         self._epoch = None
@@ -133,9 +136,9 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             r = ds._resume
             if r is not None:
                 return {"epoch": r["epoch"], "skip": list(r["skip"]), "seed": ds.seed, "shuffle": ds.shuffle,
-                        "batches": 0}
+                        "batches": 0, "job": ds.job}
             return {"epoch": ds.next_epoch(), "skip": [0] * self._workers(), "seed": ds.seed,
-                    "shuffle": ds.shuffle, "batches": 0}
+                    "shuffle": ds.shuffle, "batches": 0, "job": ds.job}
         plan = ds.plan(self._epoch)
         topo = topology(ds._topology)
         w = self._workers()
@@ -152,11 +155,29 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         for i in range(w):
             batches = sum(items[i][:done[i]]) + (self._in_item if now[i] > done[i] else 0)
             skip.append(min(base[i] + batches * per_batch, totals[i]))
-        return {"epoch": self._epoch, "skip": skip, "seed": ds.seed, "shuffle": ds.shuffle, "batches": self._taken}
+        return {"epoch": self._epoch, "skip": skip, "seed": ds.seed, "shuffle": ds.shuffle, "batches": self._taken,
+                "job": ds.job}
 
     def _drops_last(self) -> bool:
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
         return bool(ds.drop_last if ds.batch_size else self.drop_last)
+
+    def close(self) -> None:
+        """Stop the worker processes and release every lease of the dataset now (the one taken ahead for
+        the next epoch too). Dropping the loader and its dataset does the same, later."""
+        for it in (self._iterator, self._running()):
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+        self._iterator = None
+        self.dataset.close()  # type: ignore[attr-defined]
+        self._source.close()
+
+    def __enter__(self) -> "SampleCacheLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["skip"]) != self._workers():

@@ -6,6 +6,7 @@ the torchrun environment is.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import NamedTuple
 
@@ -57,3 +58,25 @@ def _env_topology() -> Topology | None:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return Topology(rank, world, local_rank, local_world)
+
+
+def agreed_run(run: str, index: int) -> str:
+    """The run id that every rank of this training run uses for its ``index``-th dataset: rank 0's (through
+    torch.distributed's store) once the process group is up; before that, under torchrun, one made from
+    the launch's environment (the same on every rank); else ``run`` (a single process)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        key = f"samplecache/run/{index}"
+        store = getattr(dist.distributed_c10d, "_get_default_store", None)
+        if store is None:  # no store API: a collective (every rank makes its datasets in the same order)
+            box = [run]
+            dist.broadcast_object_list(box, src=0)
+            return str(box[0])
+        s = store()
+        if s.add(key + "/n", 1) == 1:
+            s.set(key, run)
+        return s.get(key).decode()
+    env = _env_topology()
+    if env is not None and env.world > 1:
+        launch = "|".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
+        return hashlib.sha256(f"{launch}|{index}".encode()).hexdigest()[:16]
+    return run

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, get_worker_info
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import client_common as cc  # noqa: E402
 
-import samplecache.dataset as sc_dataset  # noqa: E402
+import samplecache.epoch_source as epoch_source  # noqa: E402
 from samplecache import DaemonError, SampleCacheDataset  # noqa: E402
 from samplecache.daemon_api import fetch_manifest  # noqa: E402
 from samplecache.reader import CacheNotVisible  # noqa: E402
@@ -363,8 +363,9 @@ def test_a_dropped_dataset_releases_the_lease_it_took_ahead(url: str) -> None:
     ds = SampleCacheDataset(url, columns=["id"], seed=16)
     ds.set_epoch(6)
     assert len(list(ds)) == TOTAL
-    ahead = cc.wait_for(lambda: {k: v for k, v in live_leases(url).items() if k not in before and v["epoch"] == 7},
-                        10, "the lease on epoch 7 taken ahead")
+    ahead = cc.wait_for(lambda: {k: v for k, v in live_leases(url).items()
+                                 if k not in before and v["job"] == ds.job and v["job_epoch"] == 7},
+                        10, "the lease on job epoch 7 taken ahead")
     assert len(ahead) == 1, ahead
     del ds
     gc.collect()
@@ -395,19 +396,34 @@ def test_unreachable_daemon_with_workers_is_a_daemon_error_too() -> None:
 
 
 class StubDaemon:
-    """A tiny HTTP server in a thread that answers GET /v1/epochs/N with a given manifest."""
+    """A tiny HTTP server in a thread that maps every job epoch to daemon epoch 0 and answers GET /v1/epochs/N
+    with a given manifest."""
 
     def __init__(self, manifest: dict[str, Any]) -> None:
         body = json.dumps(manifest).encode()
+        job = json.dumps({"start_epoch": 0}).encode()
+        mapped = json.dumps({"daemon_epoch": 0}).encode()
 
         class Handler(BaseHTTPRequestHandler):
+            def _reply(self, raw: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.startswith("/v1/epochs/"):
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                    self._reply(body)
+                else:
+                    self.send_error(404)
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == "/v1/jobs":
+                    self._reply(job)
+                elif self.path.startswith("/v1/jobs/"):
+                    self._reply(mapped)
                 else:
                     self.send_error(404)
 
@@ -455,13 +471,13 @@ def test_invisible_cache_dir_is_cache_not_visible_naming_the_path_and_the_settin
         url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, workers: int) -> None:
     manifest = fetch_manifest(url, 0)
     missing = str(tmp_path / "not-mounted" / "lmdb")
-    real = sc_dataset.fetch_manifest
+    real = epoch_source.fetch_manifest
 
     def fake(*args: Any, **kwargs: Any) -> dict[str, Any]:
         m = real(*args, **kwargs)
         return {**m, "lmdb_path": missing}
 
-    monkeypatch.setattr(sc_dataset, "fetch_manifest", fake)  # dataset.py imported the name
+    monkeypatch.setattr(epoch_source, "fetch_manifest", fake)  # epoch_source.py imported the name
     loader = DataLoader(SampleCacheDataset(url, columns=["id"]), batch_size=None, num_workers=workers)
     with pytest.raises(CacheNotVisible) as info:
         next(iter(loader))
@@ -470,27 +486,34 @@ def test_invisible_cache_dir_is_cache_not_visible_naming_the_path_and_the_settin
     assert manifest["lmdb_path"] != missing
 
 
-def test_refused_epoch_is_a_daemon_error_with_the_daemons_message(url: str) -> None:
-    last = cc.get_json(url + "/v1/status")["last_epoch"]
-    assert last >= cc.PRESEALED - 1
-    ds = SampleCacheDataset(url, retries=1)
-    ds.set_epoch(last + 7)
+def test_refused_request_is_a_daemon_error_with_the_daemons_message(url: str) -> None:
+    """A run whose job was taken over by another run (same job name) is refused with the daemon's words."""
+    ds = SampleCacheDataset(url, columns=["id"], job="loader-taken-over", retries=1, prefetch_next=False)
+    assert len(list(ds)) == TOTAL
+    newer = SampleCacheDataset(url, columns=["id"], job="loader-taken-over", retries=1)
+    assert len(list(newer)) == TOTAL  # a new run of the job: it takes the job over
     with pytest.raises(DaemonError) as info:
         next(iter(ds))
     err = info.value
     msg = str(err)
-    assert f"epoch {last + 7} cannot be sealed yet" in msg and f"next one is {last + 1}" in msg, msg
+    assert err.status == 409 and "taken over by a newer run" in msg and "'loader-taken-over'" in msg, msg
     assert "409" in msg and url in msg
     assert "Traceback" not in msg and "HTTPError" not in msg and "urllib" not in msg
     assert err.__cause__ is None and err.__suppress_context__, "the HTTP stack leaked into the error chain"
+    ds.close()
+    newer.close()
 
 
-def test_refused_epoch_through_worker_processes(url: str) -> None:
-    last = cc.get_json(url + "/v1/status")["last_epoch"]
-    ds = SampleCacheDataset(url, retries=1)
-    ds.set_epoch(last + 7)
-    with pytest.raises(DaemonError, match="cannot be sealed yet"):
+def test_refused_request_through_worker_processes(url: str) -> None:
+    ds = SampleCacheDataset(url, columns=["id"], job="loader-taken-over-2", retries=1, prefetch_next=False)
+    assert len(list(ds)) == TOTAL
+    SampleCacheDataset(url, columns=["id"], job="loader-taken-over-2").close()
+    newer = SampleCacheDataset(url, columns=["id"], job="loader-taken-over-2")
+    newer.next_epoch()  # attaches: the job is the newer run's now
+    with pytest.raises(DaemonError, match="taken over by a newer run"):
         next(iter(DataLoader(ds, batch_size=None, num_workers=2)))
+    ds.close()
+    newer.close()
 
 
 def test_bad_arguments_are_value_errors() -> None:

@@ -1,0 +1,194 @@
+"""Where a reader's epochs come from: its job, the manifests, the next epoch fetched ahead, the leases.
+
+Framework-free (stdlib + numpy): the PyTorch dataset, and any other adapter,
+asks it for an epoch's plan and a lease while it reads, and closes it when done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from multiprocessing import util as mp_util
+from typing import Any, Sequence
+
+import numpy as np
+
+from samplecache.daemon_api import DaemonError, fetch_manifest
+from samplecache.epoch_clock import EpochClock
+from samplecache.job import JobClient, job_name, new_run
+from samplecache.lease import LeaseKeeper
+from samplecache.reader import CacheReader
+from samplecache.record import FORMAT_VERSION, FormatError, Schema, unpack_shard_table
+
+log = logging.getLogger("samplecache.epochs")
+
+CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
+
+
+class EpochPlan:
+    """One job epoch's manifest, as this reader sees it (``epoch``: the job's; ``daemon_epoch``: the daemon's)."""
+
+    def __init__(self, manifest: dict[str, Any], columns: Sequence[str] | None, job_epoch: int | None = None) -> None:
+        version = manifest.get("format_version", FORMAT_VERSION)
+        if int(version) != FORMAT_VERSION:
+            raise FormatError(f"record format version mismatch: the daemon serves v{version}, this samplecache "
+                              f"client reads v{FORMAT_VERSION}: install matching versions")
+        self.manifest = manifest
+        self.daemon_epoch = int(manifest["epoch"])
+        self.epoch = self.daemon_epoch if job_epoch is None else int(job_epoch)
+        self.schema = Schema.from_json(manifest["schema"])
+        names = self.schema.names
+        wanted = list(columns) if columns is not None else names
+        unknown = [c for c in wanted if c not in names]
+        if unknown:
+            raise KeyError(f"columns {unknown} are not cached; the cache has {names}")
+        self.cols = [self.schema.index(c) for c in wanted]
+        table = (unpack_shard_table(manifest["shards_packed"]) if "shards_packed" in manifest
+                 else np.array(manifest["shards"], dtype=np.int64).reshape(-1, 4))
+        self.ids, self.rows, self.rows_per_block = table[:, 0].copy(), table[:, 1].copy(), table[:, 3].copy()
+        self.total = int(self.rows.sum())
+        sample_bytes = max(1, int(manifest.get("bytes", 0)) // max(1, self.total))
+        self.sample_bytes = sample_bytes
+        self.chunk = int(min(4096, max(1, CHUNK_BYTES // sample_bytes)))  # positions per read transaction
+        self.reader = CacheReader(manifest["lmdb_path"], int(manifest["map_size"]), self.schema)
+
+
+def _close_at_exit(ref: "weakref.ref[EpochSource]") -> None:
+    source = ref()
+    if source is not None:
+        source.close()
+
+
+def _release(keepers: dict[int, LeaseKeeper], live: set[LeaseKeeper]) -> None:
+    for keeper in list(keepers.values()) + list(live):
+        keeper.release()
+    keepers.clear()
+    live.clear()
+
+
+class EpochSource:
+    """The epochs of one job as one reader process sees them. Copies made for DataLoader workers (fork or
+    pickle) share the job and run, so every process of the run reads the same daemon epochs."""
+
+    def __init__(self, url: str, clock: EpochClock, columns: Sequence[str] | None = None, *,
+                 job: str | None = None, token: str | None = None, retries: int = 5, min_samples: int = 1,
+                 wait: float = 60.0, lease: bool = True) -> None:
+        self.url = url.rstrip("/")
+        self.clock = clock
+        self.columns = list(columns) if columns is not None else None
+        self.job, self.token, self.retries = job, token, retries
+        self.min_samples, self.wait, self.lease = int(min_samples), float(wait), lease
+        self.run = new_run()
+        self.resume = False  # the job must exist (set by load_state_dict)
+        self._client: JobClient | None = None
+        self._plans: dict[int, EpochPlan] = {}
+        self._lock = threading.Lock()
+        self._keepers: dict[int, LeaseKeeper] = {}  # leases taken ahead, with the next manifest
+        self._live: set[LeaseKeeper] = set()  # leases of epochs being read in this process
+        self._threads: list[threading.Thread] = []
+        self.closed = False
+        self._pid = os.getpid()
+        weakref.finalize(self, _release, self._keepers, self._live)  # dropped: its leases go at once
+
+    @property
+    def job_name(self) -> str:
+        return job_name(self.job, self.run)
+
+    def attach(self) -> JobClient:
+        """The job, attached once per process (the same run each time: every process gets one answer).
+        A job restarted by name starts at its next epoch unless ``set_epoch`` said otherwise."""
+        client = self._client
+        if client is None or client.name != self.job_name or client.run != self.run:
+            client = self._client = JobClient(self.url, self.job_name, self.run, self.token, self.retries)
+        if client.start is None:
+            self.clock.start_at(client.attach(self.resume))
+        return client
+
+    def resume_job(self, name: str | None) -> None:
+        """Go on with the saved job ``name`` (a new run takes it over; it must exist on the daemon). A state
+        that names no job (written by hand, or by an older client) reads as this dataset's own job."""
+        if name is None:
+            return
+        self.job, self.resume, self._client = name, True, None
+        with self._lock:
+            self._plans.clear()
+
+    def replay(self, epoch: int, daemon_epoch: int) -> None:
+        """Make job epoch ``epoch`` read the sealed ``daemon_epoch`` (asked now, before any worker asks)."""
+        self.attach().daemon_epoch(epoch, self.min_samples, self.wait, replay=daemon_epoch)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The manifest of job epoch ``epoch`` (fetched once per process; the job's first request seals it)."""
+        with self._lock:
+            got = self._plans.get(epoch)
+        if got is None:
+            daemon_epoch = self.attach().daemon_epoch(epoch, self.min_samples, self.wait)
+            manifest = fetch_manifest(self.url, daemon_epoch, self.min_samples, self.wait, self.token, self.retries)
+            got = EpochPlan(manifest, self.columns, epoch)
+            with self._lock:
+                self._plans[epoch] = got
+                for old in [e for e in self._plans if e < epoch - 1]:
+                    del self._plans[old]
+        return got
+
+    def _new_keeper(self, plan: EpochPlan, holder: str) -> LeaseKeeper:
+        return LeaseKeeper(self.url, plan.daemon_epoch, self.token, holder=holder, job=self.job_name,
+                           run=self.run, job_epoch=plan.epoch)
+
+    def prefetch(self, epoch: int, holder: str) -> None:
+        """Fetch (so seal) the next epoch's manifest and take its lease before this epoch ends."""
+        def run() -> None:
+            try:
+                plan = self.plan(epoch)
+                # Lease it now, so its shards are pinned from the moment it is sealed. A worker that is
+                # not persistent exits before the next epoch: its lease then just expires after the TTL,
+                # while the next workers take their own.
+                if self.lease and epoch not in self._keepers and not self.closed:
+                    keeper = self._keepers[epoch] = self._new_keeper(plan, holder)
+                    if self.closed:  # closed meanwhile
+                        keeper.release()
+            except (DaemonError, KeyError, ValueError):
+                pass  # the next iteration fetches it again and reports the error there
+        t = threading.Thread(target=run, name=f"samplecache-prefetch-{epoch}", daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        if self._pid != os.getpid():
+            # a DataLoader worker: when it exits (through os._exit, after multiprocessing's finalizers), wait for
+            # this thread and release what it leased, or a lease taken in the last moment outlives the worker
+            self._pid = os.getpid()
+            mp_util.Finalize(None, _close_at_exit, args=(weakref.ref(self),), exitpriority=20)
+        t.start()
+
+    def keeper(self, plan: EpochPlan, holder: str) -> LeaseKeeper | None:
+        """This epoch's lease while it is read: the one taken ahead with its manifest, or a new one."""
+        got = self._keepers.pop(plan.epoch, None)
+        if got is None or got.lost is not None or not got.alive():
+            got = self._new_keeper(plan, holder) if self.lease else None
+        if got is not None:
+            self._live.add(got)
+        return got
+
+    def done(self, keeper: LeaseKeeper | None) -> None:
+        """The epoch was read (or reading stopped): release its lease."""
+        if keeper is not None:
+            keeper.release()
+            self._live.discard(keeper)
+
+    def close(self) -> None:
+        """Release every lease now (those taken ahead too) and stop this process's threads."""
+        self.closed = True
+        for t in list(self._threads):
+            t.join(timeout=30)
+        _release(self._keepers, self._live)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_lock"] = None
+        state["_keepers"], state["_live"], state["_threads"] = {}, set(), []
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        weakref.finalize(self, _release, self._keepers, self._live)
