@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +25,13 @@ class EpochGone(DaemonError):
 
     @property
     def next_epoch(self) -> int:
-        return int(self.body["next_epoch"])
+        if "next_epoch" in self.body:
+            return int(self.body["next_epoch"])
+        # re-raised from a DataLoader worker, only the message travelled: the daemon names the epoch in it
+        found = re.search(r"set_epoch\((\d+)\)", str(self))
+        if found is None:
+            raise AttributeError(f"this error names no next epoch: {self}")
+        return int(found.group(1))
 
 
 def _problem(body: bytes) -> tuple[str, dict[str, Any]]:

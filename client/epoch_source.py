@@ -88,6 +88,7 @@ class EpochSource:
         self._keepers: dict[int, LeaseKeeper] = {}  # leases taken ahead, with the next manifest
         self._live: set[LeaseKeeper] = set()  # leases of epochs being read in this process
         self._threads: list[threading.Thread] = []
+        self._started: set[int] = set()  # epochs whose reading started in this process
         self.closed = False
         self._pid = os.getpid()
         weakref.finalize(self, _release, self._keepers, self._live)  # dropped: its leases go at once
@@ -137,21 +138,28 @@ class EpochSource:
         return LeaseKeeper(self.url, plan.daemon_epoch, self.token, holder=holder, job=self.job_name,
                            run=self.run, job_epoch=plan.epoch)
 
+    def _store_ahead(self, epoch: int, keeper: LeaseKeeper) -> None:
+        """Keep a lease taken ahead for ``epoch``, unless that epoch already started (or the source closed):
+        then nothing would ever pop it, so it goes at once."""
+        with self._lock:
+            late = self.closed or epoch in self._started or epoch in self._keepers
+            if not late:
+                self._keepers[epoch] = keeper
+        if late:
+            keeper.release()
+
     def prefetch(self, epoch: int, holder: str) -> None:
         """Fetch (so seal) the next epoch's manifest and take its lease before this epoch ends."""
         def run() -> None:
             try:
                 plan = self.plan(epoch)
-                # Lease it now, so its shards are pinned from the moment it is sealed. A worker that is
-                # not persistent exits before the next epoch: its lease then just expires after the TTL,
-                # while the next workers take their own.
-                if self.lease and epoch not in self._keepers and not self.closed:
-                    keeper = self._keepers[epoch] = self._new_keeper(plan, holder)
-                    if self.closed:  # closed meanwhile
-                        keeper.release()
+                # Lease it now, so its shards stay pinned until it is read. A worker that is not persistent
+                # releases it when it exits; the job's new mapping pins the epoch for a TTL meanwhile.
+                if self.lease and epoch not in self._keepers and epoch not in self._started and not self.closed:
+                    self._store_ahead(epoch, self._new_keeper(plan, holder))
             except (DaemonError, KeyError, ValueError):
                 pass  # the next iteration fetches it again and reports the error there
-        t = threading.Thread(target=run, name=f"samplecache-prefetch-{epoch}", daemon=True)
+        t = threading.Thread(target=run, name=f"samplecache-prefetch-{self.job_name}-{epoch}", daemon=True)
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
         if self._pid != os.getpid():
             # a DataLoader worker: when it exits (through os._exit, after multiprocessing's finalizers), wait for
@@ -161,9 +169,17 @@ class EpochSource:
         t.start()
 
     def keeper(self, plan: EpochPlan, holder: str) -> LeaseKeeper | None:
-        """This epoch's lease while it is read: the one taken ahead with its manifest, or a new one."""
-        got = self._keepers.pop(plan.epoch, None)
+        """This epoch's lease while it is read: the one taken ahead with its manifest, or a new one. Leases
+        taken ahead for epochs up to this one that nobody will read now are released."""
+        with self._lock:
+            self._started = {e for e in self._started if e >= plan.epoch - 4} | {plan.epoch}
+            got = self._keepers.pop(plan.epoch, None)
+            stale = [self._keepers.pop(e) for e in [e for e in self._keepers if e < plan.epoch]]
+        for old in stale:
+            old.release()
         if got is None or got.lost is not None or not got.alive():
+            if got is not None:
+                got.release()
             got = self._new_keeper(plan, holder) if self.lease else None
         if got is not None:
             self._live.add(got)
@@ -179,13 +195,13 @@ class EpochSource:
         """Release every lease now (those taken ahead too) and stop this process's threads."""
         self.closed = True
         for t in list(self._threads):
-            t.join(timeout=30)
+            t.join(timeout=10)
         _release(self._keepers, self._live)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_lock"] = None
-        state["_keepers"], state["_live"], state["_threads"] = {}, set(), []
+        state["_keepers"], state["_live"], state["_threads"], state["_started"] = {}, set(), [], set()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -38,7 +38,8 @@ class LeaseKeeper:
         self.lost: str | None = None
         self._pid = os.getpid()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"samplecache-lease-{epoch}", daemon=True)
+        self._thread = threading.Thread(target=self._beat, name=f"samplecache-lease-{job or ''}-{epoch}",
+                                        daemon=True)
         self._thread.start()
         # a trainer, or a DataLoader worker, that exits normally frees its leases at once (workers leave through
         # os._exit, which skips atexit but runs multiprocessing's finalizers)

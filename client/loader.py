@@ -101,6 +101,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         if self._source is not ds and self._source._resume is not None:  # load_state_dict on the caller's one
             ds._resume, self._source._resume = self._source._resume, None
         resume = ds._resume
+        ds.plan(ds.next_epoch())  # mapped (or refused, e.g. EpochGone) here, before any worker asks
         if ds._clock.agreed(ds.next_epoch()) is None:
             ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
         ds._ring = self._ring_for(ds)

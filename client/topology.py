@@ -7,11 +7,14 @@ the torchrun environment is.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from typing import NamedTuple
 
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
+
+log = logging.getLogger("samplecache.topology")
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -77,6 +80,12 @@ def agreed_run(run: str, index: int) -> str:
         return s.get(key).decode()
     env = _env_topology()
     if env is not None and env.world > 1:
-        launch = "|".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
+        keys = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")
+        launch = "|".join(os.environ.get(k, "") for k in keys)
+        if env.rank == 0:
+            log.warning("samplecache: the dataset was made before torch.distributed.init_process_group, so the "
+                        "ranks agree on their job through the torchrun environment (%s); a relaunch with the same "
+                        "rendezvous id, address and port joins the same job. Make the dataset after "
+                        "init_process_group, or pass job=", launch)
         return hashlib.sha256(f"{launch}|{index}".encode()).hexdigest()[:16]
     return run

@@ -9,6 +9,7 @@ import os
 import shutil
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,14 @@ class Daemon:
         self.remote_bytes = 0  # fetched from the remote since start (footers and units)
         self._remote_at_seal = self._remote_for_seal = 0
         self._in_flight: dict[str, tuple[int, int, bool]] = {}  # task -> (remote estimate, bytes, rolling)
+        self._ingesting = 0  # bytes of shards sampled and on their way to the writer
         self.epochs = EpochManager(self.catalog, self.writer, self.leases, self._manifest_fields,
                                    settings.epoch_wait_max)
         self.epochs.max_samples = settings.epoch_max_samples
         self.epochs.resident_for_epoch = self.epoch_shards
         self.epochs.extra_pins = self.jobs.recently_mapped
         self.epochs.on_new_epoch = self._new_epoch
+        self.epochs.reuse_key = lambda: (self.max_bytes, self.policy)
         self.remote = FsspecRemote(settings.source, settings.storage_options) if settings.source else None
         self.discovery = Discovery(self.remote, self.catalog, self.writer, settings.columns) if self.remote else None
         self.planner: Planner | None = None
@@ -207,7 +210,7 @@ class Daemon:
         for lease in gone:
             self.lease_ended(lease)
         if self.jobs.expire(self.leases.jobs()) or gone:
-            self.writer.put_meta({"leases": self.leases.saved(), "jobs": self.jobs.saved()})
+            self.persist_leases()
 
     def lease_ended(self, lease: Lease) -> None:
         """A lease was released or expired: its reader's samples count for its job's epoch."""
@@ -271,14 +274,14 @@ class Daemon:
         sizes = self.catalog.file(pick.unit.path).get("row_group_bytes") or []
         size = int(sizes[pick.unit.row_group]) if pick.unit.row_group < len(sizes) else 0
         estimate = self.pacer.estimate(size)
-        committed = self.catalog.resident_bytes + sum(b for _, b, _ in list(self._in_flight.values())) + \
-            sum(r.bytes for r in list(self._held))
-        rolling = committed + size > self.max_bytes
-        reason = self.pacer.why_wait(estimate, rolling, self.max_bytes)
+        committed = self.catalog.resident_bytes + self._ingesting + \
+            sum(b for _, b, _ in list(self._in_flight.values())) + sum(r.bytes for r in list(self._held))
+        rolling = committed + max(size, 1) > self.max_bytes
+        reason = self.pacer.why_wait(estimate, size, rolling, self.max_bytes)
         if reason is not None:
             self.paused_reason = reason
             return False
-        self.pacer.charge(estimate, rolling)
+        self.pacer.charge(estimate, size, rolling)
         key = f"c{pick.cycle}-u{pick.position}"
         self._in_flight[key] = (estimate, size, rolling)
         schema_json = self.schema.to_json()
@@ -299,7 +302,7 @@ class Daemon:
     # -- results -----------------------------------------------------------------------------------
     def _on_result(self, r: SampleResult) -> None:
         estimate, size, rolling = self._in_flight.pop(r.task.key, (0, 0, False))
-        self.pacer.settle(estimate, r.remote_bytes, rolling, size)
+        self.pacer.settle((estimate, r.remote_bytes), (size, r.bytes if r.ok else 0), rolling)
         self.remote_bytes += r.remote_bytes
         if r.ok and r.staged:
             self._ingest(r)
@@ -323,6 +326,8 @@ class Daemon:
 
     def _ingest(self, r: SampleResult, retry: bool = False) -> None:
         assert self.planner is not None and r.staged is not None
+        with self._count_lock:
+            self._ingesting += r.bytes
         fut = self.writer.ingest(Path(r.staged), cursor=self.planner.cursor_after, make_room=self.make_room)
         fut.add_done_callback(lambda f: self._ingested(f, r, retry))
 
@@ -338,8 +343,9 @@ class Daemon:
     def _ingested(self, fut: Any, r: SampleResult, retry: bool = False) -> None:
         assert self.planner is not None
         exc = fut.exception()
-        if retry:
-            with self._count_lock:
+        with self._count_lock:
+            self._ingesting -= r.bytes
+            if retry:
                 self._retrying -= 1
         if isinstance(exc, NoRoom):
             self._held.append(r)  # backpressure: wait for a lease to end; the budget is never exceeded
@@ -372,9 +378,10 @@ class Daemon:
         """How many shards of ``epoch`` are no longer resident."""
         return sum(1 for sid in self.epochs.shard_ids(epoch) if self.catalog.shard(sid) is None)
 
-    def persist_leases(self) -> None:
-        """Queue the lease and job tables for the disk (a restart gives every saved lease a fresh TTL)."""
-        self.writer.put_meta({"leases": self.leases.saved(), "jobs": self.jobs.saved()})
+    def persist_leases(self) -> "Future[None]":
+        """Queue the lease and job tables for the disk (a restart gives every saved lease a fresh TTL). They are
+        read on the writer thread, so a later snapshot never lands before an earlier one."""
+        return self.writer.put_meta(lambda: {"leases": self.leases.saved(), "jobs": self.jobs.saved()})
 
     # -- reporting -----------------------------------------------------------------------------------
     def _manifest_fields(self) -> dict[str, Any]:

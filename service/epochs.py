@@ -81,7 +81,8 @@ class EpochManager:
         self.on_new_epoch: Callable[[int], None] = lambda epoch: None  # sealed, or reused by a job
         self._lock = asyncio.Lock()
         self._ids: dict[int, frozenset[int]] = {}
-        self._sealed_from: dict[int, tuple[int, int]] = {}  # epoch -> (catalog shards_version, cap) it saw
+        self._sealed_from: dict[int, tuple[Any, ...]] = {}  # the latest uncapped epoch -> what it was made from
+        self.reuse_key: Callable[[], tuple[Any, ...]] = tuple  # settings that change what an epoch names
 
     def last_sealed(self) -> int:
         eps = self.catalog.epochs()
@@ -96,7 +97,8 @@ class EpochManager:
         return got
 
     def pinned_epochs(self) -> set[int]:
-        pinned = {e for e in self.leases.epochs() | self.extra_pins() if e in set(self.catalog.epochs())}
+        sealed = set(self.catalog.epochs())
+        pinned = {e for e in self.leases.epochs() | self.extra_pins() if e in sealed}
         last = self.last_sealed()
         sealed_at = (self.catalog.meta("epoch_summaries", {}) or {}).get(str(last), {}).get("sealed_at", 0)
         if last >= 0 and time.time() - sealed_at < self.leases.default_ttl:
@@ -108,6 +110,31 @@ class EpochManager:
         for e in self.pinned_epochs():
             out |= self.shard_ids(e)
         return out
+
+    async def _warm(self, epoch: int, min_samples: int, timeout: float) -> None:
+        """Wait (bounded) until the cache holds ``min_samples``; 503 with Retry-After when it does not."""
+        deadline = time.monotonic() + min(max(timeout, 0.0), self.wait_max)
+        while self.catalog.resident_rows < min_samples:
+            if time.monotonic() >= deadline:
+                raise EpochError(503, f"epoch {epoch} needs at least {min_samples} samples; the cache holds "
+                                      f"{self.catalog.resident_rows} so far (warming up): retry later",
+                                 retry_after=2.0)
+            await asyncio.sleep(0.05)
+
+    async def _seal(self, epoch: int, cap: int) -> bytes:
+        """Seal ``epoch`` (the next one) from the shards resident now. The caller holds ``_lock``."""
+        previous = set(self.shard_ids(epoch - 1)) if epoch > 0 else set()
+        fields = self.manifest_fields()
+        key = (self.catalog.shards_version, *self.reuse_key())
+
+        def build() -> dict[str, Any]:
+            chosen = select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch)
+            return build_manifest(epoch, chosen, previous=previous, **fields)
+
+        raw = await asyncio.wrap_future(self.writer.seal(epoch, build))
+        self._sealed_from = {epoch: key} if cap <= 0 else {}
+        self.on_new_epoch(epoch)
+        return raw
 
     async def manifest(self, epoch: int, min_samples: int = 1, timeout: float = 30.0,
                        max_samples: int | None = None) -> bytes:
@@ -121,49 +148,28 @@ class EpochManager:
                                   f"so the next one is {last + 1}")
         if epoch <= last:
             raise EpochError(404, f"epoch {epoch} was never sealed (epochs start at {self.catalog.epochs()[0]})")
-        deadline = time.monotonic() + min(max(timeout, 0.0), self.wait_max)
-        while self.catalog.resident_rows < min_samples:
-            if time.monotonic() >= deadline:
-                raise EpochError(503, f"epoch {epoch} needs at least {min_samples} samples; the cache holds "
-                                      f"{self.catalog.resident_rows} so far (warming up): retry later",
-                                 retry_after=2.0)
-            await asyncio.sleep(0.05)
-        cap = self.max_samples if max_samples is None else max_samples
+        await self._warm(epoch, min_samples, timeout)
         async with self._lock:
             raw = self.catalog.manifest_bytes(epoch)
             if raw is not None:
                 return raw
             if self.last_sealed() != epoch - 1:
                 raise EpochError(409, f"epoch {epoch} cannot be sealed: the last sealed epoch is {self.last_sealed()}")
-            previous = set(self.shard_ids(epoch - 1)) if epoch > 0 else set()
-            fields = self.manifest_fields()
-
-            def build() -> dict[str, Any]:
-                self._sealed_from = {epoch: (self.catalog.shards_version, cap)}
-                chosen = select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch)
-                return build_manifest(epoch, chosen, previous=previous, **fields)
-
-            raw = await asyncio.wrap_future(self.writer.seal(epoch, build))
-            self.on_new_epoch(epoch)
-            return raw
-
-    def reusable(self, min_samples: int, max_samples: int | None) -> int | None:
-        """The latest epoch, if sealing a new one now would give the same manifest: no shard came or went
-        since it was sealed (and the same cap, and enough samples)."""
-        last = self.last_sealed()
-        cap = self.max_samples if max_samples is None else max_samples
-        if self._sealed_from.get(last) != (self.catalog.shards_version, cap):
-            return None
-        summary = (self.catalog.meta("epoch_summaries", {}) or {}).get(str(last), {})
-        return last if int(summary.get("samples", 0)) >= max(1, min_samples) else None
+            return await self._seal(epoch, self.max_samples if max_samples is None else max_samples)
 
     async def seal_new(self, min_samples: int = 1, timeout: float = 30.0, max_samples: int | None = None) -> int:
-        """A freshly sealed epoch of the shards resident now (for a job's new epoch): the latest one when
-        nothing changed since it was sealed. Returns its number."""
-        same = self.reusable(min_samples, max_samples)
-        if same is not None:
-            self.on_new_epoch(same)  # a new job epoch starts on it: one more share of replacement
-            return same
-        epoch = self.last_sealed() + 1
-        await self.manifest(epoch, min_samples, timeout, max_samples)
-        return epoch
+        """A new epoch of the shards resident now, with this request's own cap and warm-up (for a job's new
+        epoch; never one sealed meanwhile for another request). The latest epoch is reused when sealing now
+        would give the same manifest: no shard came or went since, no cap, the same budget and policy, and
+        enough samples. Returns its number."""
+        cap = self.max_samples if max_samples is None else max_samples
+        await self._warm(self.last_sealed() + 1, min_samples, timeout)
+        async with self._lock:
+            last = self.last_sealed()
+            summary = (self.catalog.meta("epoch_summaries", {}) or {}).get(str(last), {})
+            if cap <= 0 and self._sealed_from.get(last) == (self.catalog.shards_version, *self.reuse_key()) \
+                    and int(summary.get("samples", 0)) >= max(1, min_samples):
+                self.on_new_epoch(last)  # a new job epoch starts on it: one more share of replacement
+                return last
+            await self._seal(last + 1, cap)
+            return last + 1

@@ -29,8 +29,8 @@ log = logging.getLogger("samplecache.jobs")
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 RUN_PATTERN = r"^[0-9a-f]{8,32}$"
-JOBS_KEPT = 1000  # expired jobs beyond this are forgotten, oldest first
-EPOCHS_KEPT = 1000  # per job: older epoch mappings are forgotten
+JOBS_KEPT = 200  # expired jobs beyond this are forgotten, oldest first
+EPOCHS_KEPT = 100  # per job: older epoch mappings are forgotten
 SUPERSEDED_KEPT = 16
 
 
@@ -67,7 +67,7 @@ class Job:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Job":
-        d = dict(d)
+        d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}  # saved by another version
         for k in ("epochs", "mapped_at", "read"):
             d[k] = {int(e): v for e, v in (d.get(k) or {}).items()}
         return cls(**d)
@@ -155,7 +155,9 @@ class JobTable:
     def map_epoch(self, name: str, job_epoch: int, daemon_epoch: int) -> None:
         now = self.clock()
         with self._lock:
-            job = self._jobs[name]
+            job = self._jobs.get(name)
+            if job is None:  # forgotten meanwhile (an expired job beyond JOBS_KEPT)
+                return
             job.epochs[job_epoch] = daemon_epoch
             job.mapped_at[job_epoch] = now
             for old in sorted(job.epochs)[:-EPOCHS_KEPT]:

@@ -49,11 +49,13 @@ class LeaseTable:
         self._expired: OrderedDict[str, Lease] = OrderedDict()  # recently expired, to answer 410 not 404
         self._lock = threading.Lock()
         self.expired_total = 0
+        self._ended: list[Lease] = []  # expired, not yet handed out by expire()
 
     def _forget(self, lease: Lease) -> None:
         """Move an expired lease to the bounded record of expired ones (lock held)."""
         self._leases.pop(lease.id, None)
         self._expired[lease.id] = lease
+        self._ended.append(lease)
         while len(self._expired) > EXPIRED_KEPT:
             self._expired.popitem(last=False)
         self.expired_total += 1
@@ -108,12 +110,12 @@ class LeaseTable:
             return self._leases.pop(lease_id)
 
     def expire(self) -> list[Lease]:
-        """Drop expired leases; returns them."""
+        """Drop expired leases; returns them (and those a heartbeat found expired since the last call)."""
         now = self.clock()
         with self._lock:
-            gone = [l for l in self._leases.values() if l.expires_at <= now]
-            for lease in gone:
+            for lease in [l for l in self._leases.values() if l.expires_at <= now]:
                 self._forget(lease)
+            gone, self._ended = self._ended, []
         return gone
 
     def live(self) -> list[Lease]:

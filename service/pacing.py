@@ -2,13 +2,15 @@
 
 While the cache is below its budget it fills as fast as the samplers go. Once a
 new unit would need an eviction, replacing old samples is tied to training: each
-sealed epoch allows ``replace_per_epoch`` x budget more remote bytes, so a full
-cache that nobody reads fetches nothing, and a read cache turns over a known
-share per epoch. ``max_ingest_rate`` (bytes/s, 0: none) caps the remote traffic
-at all times. Units are charged an estimate when they are sent to a sampler and
-settled with the bytes really fetched when they come back, so the remote bytes
-per epoch keep to the share on average; a unit larger than one epoch's share
-waits for a whole share.
+new epoch allows ``replace_per_epoch`` x budget of new cached bytes (what an
+epoch leaves unused does not carry over), so a full cache that nobody reads
+fetches nothing, and a read cache turns over a known share per epoch, the share
+``epoch_headroom`` keeps free. ``max_ingest_rate`` (bytes/s, 0: none) caps the
+remote traffic at all times. Units are charged estimates when they are sent to a
+sampler (the footer's size for the cache, scaled by what earlier units really
+fetched for the remote) and settled with the real bytes when they come back, so
+both keep to their limits on average; a unit larger than one epoch's share waits
+for a whole share.
 """
 
 from __future__ import annotations
@@ -37,14 +39,16 @@ class Pacer:
                 self.mode = mode
             if replace_per_epoch is not None:
                 self.replace_per_epoch = float(replace_per_epoch)
-            if max_rate is not None:
+            if max_rate is not None and int(max_rate) != self.max_rate:
                 self.max_rate = int(max_rate)
+                self._tokens, self._refilled = float(self.max_rate), self.clock()  # a new cap starts full
 
     def epoch_sealed(self, max_bytes: int) -> None:
-        """A new epoch was sealed: allow one more share of replacement (at most one budget banked)."""
+        """A new epoch: one share of replacement is allowed (what an earlier epoch left unused does not carry
+        over, and an overshoot is paid back first)."""
         with self._lock:
             share = self.replace_per_epoch * max_bytes
-            self.allowance = min(self.allowance + share, max(share, float(max_bytes)))
+            self.allowance = min(self.allowance + share, share)
 
     def _refill(self, unit: int) -> float:
         """Tokens of the rate limit now; the bucket holds one second of traffic (or one unit)."""
@@ -59,14 +63,15 @@ class Pacer:
         by what finished units really fetched per uncompressed byte."""
         return max(1, int(uncompressed * self._ratio))
 
-    def why_wait(self, remote: int, rolling: bool, max_bytes: int) -> str | None:
-        """Why a unit estimated at ``remote`` bytes may not be fetched now (None: it may). ``rolling``: it
-        would need an eviction (the budget is full), so it counts against the epoch's share."""
+    def why_wait(self, remote: int, cached: int, rolling: bool, max_bytes: int) -> str | None:
+        """Why a unit estimated at ``remote`` bytes from the remote and ``cached`` bytes in the cache may not
+        be fetched now (None: it may). ``rolling``: it would need an eviction (the budget is full), so it
+        counts against the epoch's share."""
         with self._lock:
-            self.reason = self._why(remote, rolling, max_bytes)
+            self.reason = self._why(remote, cached, rolling, max_bytes)
             return self.reason
 
-    def _why(self, remote: int, rolling: bool, max_bytes: int) -> str | None:
+    def _why(self, remote: int, cached: int, rolling: bool, max_bytes: int) -> str | None:
         if self.max_rate > 0:
             cap = self._refill(remote)
             if self._tokens < min(remote, cap):
@@ -76,22 +81,26 @@ class Pacer:
         share = self.replace_per_epoch * max_bytes
         if share <= 0:
             return "cache full and replace_per_epoch is 0: the cached sample is kept as it is"
-        if self.allowance >= min(remote, share):
+        if self.allowance >= min(cached, share):
             return None
         return (f"cache full: replacing at most {self.replace_per_epoch:g} x budget ({int(share)} bytes) per "
                 f"sealed epoch; this epoch's share is used, waiting for the next epoch")
 
-    def charge(self, remote: int, rolling: bool) -> None:
+    def charge(self, remote: int, cached: int, rolling: bool) -> None:
+        """A unit goes to a sampler: ``remote`` bytes (estimated) against the rate cap and, when it replaces
+        old samples, ``cached`` bytes (the footer's size) against the epoch's share."""
         with self._lock:
-            self._tokens -= remote
+            if self.max_rate > 0:
+                self._tokens -= remote
             if rolling and self.mode != "off":
-                self.allowance -= remote
+                self.allowance -= cached
 
-    def settle(self, estimate: int, actual: int, rolling: bool, uncompressed: int) -> None:
-        """Correct a charged estimate with the bytes the sampler really fetched."""
+    def settle(self, remote: tuple[int, int], cached: tuple[int, int], rolling: bool) -> None:
+        """Correct the charged (estimate, actual) ``remote`` and ``cached`` bytes once the unit came back."""
         with self._lock:
-            self._tokens += estimate - actual
+            if self.max_rate > 0:
+                self._tokens += remote[0] - remote[1]
             if rolling and self.mode != "off":
-                self.allowance += estimate - actual
-            if actual > 0 and uncompressed > 0:
-                self._ratio = 0.8 * self._ratio + 0.2 * min(4.0, max(0.02, actual / uncompressed))
+                self.allowance += cached[0] - cached[1]
+            if remote[1] > 0 and cached[0] > 0:
+                self._ratio = 0.8 * self._ratio + 0.2 * min(4.0, max(0.02, remote[1] / cached[0]))

@@ -18,6 +18,9 @@ OPEN_BLOCK_SIZE = 1 << 20  # s3fs defaults to 50 MiB: a footer read would fetch 
 def count_fetched(f: Any, count: Callable[[int], None]) -> Any:
     """Have ``count(n)`` called with the bytes the open fsspec file ``f`` really fetches: a buffered remote
     file's block fetches (read-ahead included), else the bytes of each read."""
+    if getattr(f, "_samplecache_counted", False):
+        return f  # an fsspec that hands out the same object again (memory://): counted already
+    f._samplecache_counted = True
     cache = getattr(f, "cache", None)
     fetch = getattr(cache, "fetcher", None)
     if fetch is not None:

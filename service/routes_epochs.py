@@ -51,7 +51,12 @@ async def take_lease(d: DaemonDep, epoch: Epoch, body: LeaseIn | None = None) ->
         raise HTTPException(404, f"epoch {epoch} is not sealed: GET /v1/epochs/{epoch} first")
     body = body or LeaseIn()
     if body.job is not None:
-        d.jobs.job(body.job, body.run)  # 404 for an unknown job, 409 for a replaced run
+        if body.run is None or body.job_epoch is None:
+            raise HTTPException(422, "a lease for a job needs its run and job_epoch too")
+        job = d.jobs.job(body.job, body.run)  # 404 for an unknown job, 409 for a replaced run
+        if job.epochs.get(body.job_epoch) != epoch:
+            raise HTTPException(409, f"job {body.job!r} epoch {body.job_epoch} does not read daemon epoch {epoch}: "
+                                     f"POST /v1/jobs/{body.job}/epochs/{body.job_epoch} says which it reads")
     try:
         lease = d.leases.take(epoch, body.ttl, body.holder, body.job, body.run, body.job_epoch)
     except LeaseError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated, Any
 
@@ -59,6 +60,17 @@ async def job(d: DaemonDep, name: Name) -> Any:
     return job_out(d, d.jobs.job(name))
 
 
+def _replayable(d: Daemon, daemon_epoch: int) -> int:
+    """``daemon_epoch`` if it is sealed and every shard it names is still resident."""
+    if daemon_epoch not in d.catalog.epochs():
+        raise JobError(404, f"daemon epoch {daemon_epoch} is not sealed (GET /v1/status lists the epochs)")
+    missing = d.missing_shards(daemon_epoch)
+    if missing:
+        raise JobError(410, f"daemon epoch {daemon_epoch} can no longer be read: {missing} of its shards were "
+                            f"evicted (it had no live lease); replay a newer epoch")
+    return daemon_epoch
+
+
 def _gone(d: Daemon, job: Job, job_epoch: int, daemon_epoch: int, missing: int) -> JobError:
     nxt = job_epoch + 1
     while nxt in job.epochs and d.missing_shards(job.epochs[nxt]):
@@ -82,29 +94,28 @@ async def map_epoch(d: DaemonDep, name: Name, job_epoch: JobEpoch,
     """The daemon epoch that the job's epoch reads: the first request seals a new one from the shards resident
     now (or maps the sealed ``daemon_epoch`` asked for); every later request of the job (any rank, worker or
     host) gets the same. 410 when its shards were evicted (its leases ended), with ``next_epoch`` to go on at."""
-    job = d.jobs.job(name, run)
+    d.jobs.job(name, run)  # 404 / 409 before waiting for the lock
     async with d.jobs.lock(name):  # one mapping at a time per job: its ranks and workers ask at once
+        job = d.jobs.job(name, run)  # again: the job may have been taken over while this request waited
         mapped = job.epochs.get(job_epoch)
         if daemon_epoch is not None and mapped not in (None, daemon_epoch):
             raise JobError(409, f"job {name!r} epoch {job_epoch} already reads daemon epoch {mapped}, not "
                                 f"{daemon_epoch}: replay it as another job epoch")
-        if daemon_epoch is not None and mapped is None:
-            if daemon_epoch not in d.catalog.epochs():
-                raise JobError(404, f"daemon epoch {daemon_epoch} is not sealed (GET /v1/status lists the epochs)")
-            d.jobs.map_epoch(name, job_epoch, daemon_epoch)
-            d.persist_leases()
-            mapped = daemon_epoch
         if mapped is None:
-            if d.schema is None:
-                raise HTTPException(503, f"the source is not discovered yet: {d.last_error or 'discovering'}",
-                                    headers={"Retry-After": "2"})
-            try:
-                mapped = await d.epochs.seal_new(min_samples, timeout, max_samples)
-            except EpochError as e:
-                headers = {"Retry-After": str(int(e.retry_after))} if e.retry_after else None
-                raise HTTPException(e.status, e.message, headers=headers) from None
+            if daemon_epoch is not None:
+                mapped = _replayable(d, daemon_epoch)
+            else:
+                if d.schema is None:
+                    raise HTTPException(503, f"the source is not discovered yet: {d.last_error or 'discovering'}",
+                                        headers={"Retry-After": "2"})
+                try:
+                    mapped = await d.epochs.seal_new(min_samples, timeout, max_samples)
+                except EpochError as e:
+                    headers = {"Retry-After": str(int(e.retry_after))} if e.retry_after else None
+                    raise HTTPException(e.status, e.message, headers=headers) from None
+                d.jobs.job(name, run)  # and after a long warm-up
             d.jobs.map_epoch(name, job_epoch, mapped)
-            d.persist_leases()
+            await asyncio.wrap_future(d.persist_leases())  # on disk before any process reads it
         else:
             missing = d.missing_shards(mapped)
             if missing:

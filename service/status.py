@@ -42,6 +42,7 @@ def status_of(d: "Daemon") -> Status:
                    for p, i in d.catalog.files().items() if i.get("quarantined")]
     eps = d.catalog.epochs()
     pacer = d.pacer
+    remote = d.total_remote_bytes()
     return Status(
         version=__version__, uptime_s=time.time() - d.started, source=d.settings.source,
         cache_dir=str(d.settings.cache_dir.resolve()), bytes=d.catalog.resident_bytes,
@@ -51,11 +52,10 @@ def status_of(d: "Daemon") -> Status:
         sampler={"state": sampler_state(d), "reason": d.paused_reason, "processes": d.supervisor.size,
                  "in_flight": d.supervisor.pending(), "restarts": d.supervisor.restarts},
         ingest={**ingest_rate(d), "commits": d.writer.commits},
-        remote={"bytes_read": d.total_remote_bytes(),
-                "bytes_since_last_epoch": d.total_remote_bytes() - d._remote_at_seal},
+        remote={"bytes_read": remote, "bytes_since_last_epoch": remote - d._remote_at_seal},
         pacing={"mode": pacer.mode, "replace_per_epoch": pacer.replace_per_epoch, "max_ingest_rate": pacer.max_rate,
                 "allowance_bytes": int(pacer.allowance), "reason": pacer.reason},
         remote_errors=d.remote_errors, last_error=d.last_error, quarantined=quarantined,
         coverage=d.planner.coverage() if d.planner else None, settings=d.settings.public(),
-        evictions=d.evicted_shards, eviction_policy=d.policy, leases=[l.to_json() for l in d.leases.live()],
+        evictions=d.evicted_shards, eviction_policy=d.policy, leases=[{k: v for k, v in l.to_json().items() if k != "run"} for l in d.leases.live()],
         jobs=d.jobs.active(), pinned_epochs=sorted(d.epochs.pinned_epochs()), lmdb=lmdb_usage(d))

@@ -157,13 +157,18 @@ class Writer:
                         break
             txn.delete(prefix, db=self.dbs[b"shards"])
 
-    def put_meta(self, items: dict[str, Any]) -> "Future[None]":
+    def put_meta(self, items: dict[str, Any] | Callable[[], dict[str, Any]]) -> "Future[None]":
+        """Store meta values; ``items`` may be a callable, called on the writer thread (a snapshot taken in
+        write order)."""
+        got: dict[str, Any] = {}
+
         def op(txn: lmdb.Transaction) -> None:
-            for k, v in items.items():
+            got.update(items() if callable(items) else items)
+            for k, v in got.items():
                 txn.put(k.encode(), json.dumps(v).encode(), db=self.dbs[b"meta"])
 
         def after(_: None) -> None:
-            for k, v in items.items():
+            for k, v in got.items():
                 self.catalog.set_meta(k, v)
 
         return self.submit(op, after)

@@ -16,10 +16,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import client_common as cc  # noqa: E402
@@ -171,12 +174,13 @@ def test_torchrun_ranks_and_workers_of_a_new_job_agree_on_its_epochs(rolled: Any
         assert mapped[e]["samples_read"] == sum(len(r["epochs"][str(e)]["ids"]) for r in ranks)
 
 
-def samplecache_threads() -> list[str]:
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("samplecache-") and t.is_alive())
+def samplecache_threads(job: str) -> list[str]:
+    """Live lease and prefetch threads of ``job`` in this process (their names carry the job)."""
+    return sorted(t.name for t in threading.enumerate()
+                  if t.name.startswith("samplecache-") and f"-{job}-" in t.name and t.is_alive())
 
 
 def test_close_releases_every_lease_at_once_and_stops_the_threads(rolled: Any) -> None:
-    assert samplecache_threads() == []
     ds = SampleCacheDataset(rolled.url, columns=["id"], job="closing")
     loader = SampleCacheLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)
     for _ in range(2):
@@ -189,7 +193,7 @@ def test_close_releases_every_lease_at_once_and_stops_the_threads(rolled: Any) -
     job = jobs(rolled)["closing"]  # at once: no wait for a TTL
     assert job["leases"] == [] and job["state"] == "idle", job
     assert not [lease for lease in status(rolled)["leases"] if lease["job"] == "closing"]
-    assert samplecache_threads() == [], samplecache_threads()
+    assert samplecache_threads("closing") == [], samplecache_threads("closing")
     with pytest.raises(RuntimeError, match="closed"):
         next(iter(ds))
 
@@ -199,7 +203,9 @@ def test_a_dataset_used_as_a_context_manager_releases_on_exit(rolled: Any) -> No
         it = iter(ds)
         next(it)
         assert jobs(rolled)["with-block"]["state"] == "reading"
+        assert samplecache_threads("with-block"), "no lease thread while reading"
     assert jobs(rolled)["with-block"]["leases"] == []
+    assert samplecache_threads("with-block") == []
     del it
 
 
@@ -221,11 +227,18 @@ def test_a_job_epoch_whose_shards_were_evicted_is_epoch_gone_with_the_way_on(rol
     cc.wait_for(lambda: not shards & resident(rolled), 60, "job epoch 0's shards to be evicted", interval=0.2)
     again = SampleCacheDataset(rolled.url, columns=["id"], retries=0, prefetch_next=False)
     again.load_state_dict({"epoch": 0, "skip": [10], "seed": 0, "shuffle": True, "job": "long-outage"})
+    with pytest.raises(EpochGone) as info:  # through DataLoader workers: only the message travels
+        next(iter(torch.utils.data.DataLoader(again, batch_size=None, num_workers=1)))
+    assert info.value.next_epoch == 1
+    again.load_state_dict({"epoch": 0, "skip": [10], "seed": 0, "shuffle": True, "job": "long-outage"})  # again
     with pytest.raises(EpochGone) as info:
         next(iter(again))
     err = info.value
     assert err.status == 410 and err.next_epoch == 1
     assert "can no longer be read" in str(err) and "set_epoch(1)" in str(err)
+    with pytest.raises(DaemonError) as gone:  # replaying that daemon epoch as another job epoch: refused too
+        again.set_epoch(7, daemon_epoch=d0)
+    assert gone.value.status == 410 and f"daemon epoch {d0} can no longer be read" in str(gone.value)
     again.set_epoch(err.next_epoch)  # the documented recovery, one line
     assert len(list(again)) > 0
     assert jobs(rolled)["long-outage"]["next_epoch"] == 2
@@ -263,3 +276,28 @@ def test_a_killed_job_expires_after_the_ttl_and_releases_what_it_pinned(daemon: 
     assert time.monotonic() - t0 >= 1.0  # not before its TTL (3 s since the last heartbeat)
     assert jobs(d)[name]["leases"] == []
     cc.wait_for(lambda: pinned not in status(d)["pinned_epochs"], 10, "its epoch to be unpinned")
+
+
+def test_leases_for_a_job_are_checked_against_its_run_and_epochs(rolled: Any) -> None:
+    with SampleCacheDataset(rolled.url, columns=["id"], job="checked", prefetch_next=False) as ds:
+        plan = ds.plan(0)
+        run = ds._epochs.run
+
+        def lease(body: dict[str, Any]) -> tuple[int, str]:
+            req = urllib.request.Request(f"{rolled.url}/v1/epochs/{plan.daemon_epoch}/leases", method="POST",
+                                         data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+
+        assert lease({"job": "checked"})[0] == 422  # a job lease names its run and epoch
+        code, body = lease({"job": "checked", "run": run, "job_epoch": 5})
+        assert code == 409 and "does not read daemon epoch" in body  # job epoch 5 was never mapped there
+        code, body = lease({"job": "checked", "run": "0123456789abcdef", "job_epoch": 0})
+        assert code == 409 and "has not attached" in body
+        code, body = lease({"job": "nobody", "run": run, "job_epoch": 0})
+        assert code == 404 and "checked" in body
+        assert lease({"job": "checked", "run": run, "job_epoch": 0})[0] == 201
+        assert all("run" not in x for x in status(rolled)["leases"]), "run ids are credentials: not shown"

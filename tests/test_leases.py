@@ -116,6 +116,25 @@ def test_heartbeat_after_expiry_is_410_even_once_collected(table: LeaseTable, cl
     assert e.value.status == 410
 
 
+def test_job_leases_carry_their_reads_to_the_end_however_they_end(table: LeaseTable, clock: FakeClock) -> None:
+    a = table.take(3, job="train", run="aaaa1111", job_epoch=0)
+    b = table.take(3, job="train", run="aaaa1111", job_epoch=0)
+    c = table.take(3, job="train", run="aaaa1111", job_epoch=0)
+    assert (a.job, a.run, a.job_epoch, a.read) == ("train", "aaaa1111", 0, 0)
+    table.heartbeat(3, a.id, read=40)
+    table.heartbeat(3, a.id, read=30)  # reads only grow
+    assert table.release(3, a.id, read=55).read == 55
+    table.heartbeat(3, b.id, read=7)
+    table.heartbeat(3, c.id, read=9)
+    assert table.jobs() == {"train"}
+    clock.now += 11
+    with pytest.raises(LeaseError):
+        table.heartbeat(3, b.id, read=8)  # found expired by its heartbeat ...
+    ended = {l.id: l.read for l in table.expire()}
+    assert ended == {b.id: 7, c.id: 9}  # ... and still handed out once, with its reads, for the job
+    assert table.expire() == [] and table.jobs() == set()
+
+
 def test_unknown_lease_is_404(table: LeaseTable) -> None:
     lease = table.take(1)
     for epoch, lid in ((1, "deadbeef"), (2, lease.id)):  # unknown id; right id, wrong epoch

@@ -1,4 +1,5 @@
-"""The pacer: free filling, a share of the budget per new epoch once full, the rate cap, settling."""
+"""The pacer: free filling, a share of the budget per new epoch once full (in cached bytes), the remote rate cap,
+settling estimates with real bytes."""
 
 from __future__ import annotations
 
@@ -19,21 +20,21 @@ class Clock:
 
 def test_filling_is_never_paced() -> None:
     p = Pacer("epoch", 0.2, 0)
-    assert p.why_wait(5 * MB, rolling=False, max_bytes=100 * MB) is None
+    assert p.why_wait(5 * MB, 5 * MB, rolling=False, max_bytes=100 * MB) is None
 
 
 def test_a_full_cache_fetches_nothing_until_an_epoch_then_one_share() -> None:
     p = Pacer("epoch", 0.2, 0)
     budget = 100 * MB
-    reason = p.why_wait(5 * MB, rolling=True, max_bytes=budget)
+    reason = p.why_wait(5 * MB, 5 * MB, rolling=True, max_bytes=budget)
     assert reason is not None and "cache full" in reason and "0.2" in reason
     p.epoch_sealed(budget)
-    fetched = 0
-    while p.why_wait(5 * MB, rolling=True, max_bytes=budget) is None:
-        p.charge(5 * MB, rolling=True)
-        fetched += 5 * MB
-        assert fetched <= 20 * MB, "more than one share fetched"
-    assert fetched == 20 * MB
+    cached = 0
+    while p.why_wait(2 * MB, 5 * MB, rolling=True, max_bytes=budget) is None:  # compressed 2.5x on the remote
+        p.charge(2 * MB, 5 * MB, rolling=True)
+        cached += 5 * MB
+        assert cached <= 20 * MB, "more than one share of the cache replaced"
+    assert cached == 20 * MB  # the share counts cached bytes, not the (smaller) remote bytes
     assert p.reason is not None
 
 
@@ -41,19 +42,22 @@ def test_settling_with_the_real_bytes_keeps_the_share_on_average() -> None:
     p = Pacer("epoch", 0.2, 0)
     budget = 100 * MB
     p.epoch_sealed(budget)
-    p.charge(10 * MB, rolling=True)
-    p.settle(10 * MB, 15 * MB, rolling=True, uncompressed=10 * MB)  # it fetched more than estimated
+    p.charge(10 * MB, 10 * MB, rolling=True)
+    p.settle((10 * MB, 9 * MB), (10 * MB, 15 * MB), rolling=True)  # it held more than the footer said
     assert p.allowance == pytest.approx(5 * MB)
-    p.charge(5 * MB, rolling=True)
-    p.settle(5 * MB, 2 * MB, rolling=True, uncompressed=5 * MB)  # less
+    p.charge(5 * MB, 5 * MB, rolling=True)
+    p.settle((5 * MB, 5 * MB), (5 * MB, 2 * MB), rolling=True)  # less
+    assert p.allowance == pytest.approx(3 * MB)
+    p.charge(MB, MB, rolling=True)
+    p.settle((MB, 0), (MB, 0), rolling=True)  # the unit failed: nothing cached, the charge comes back
     assert p.allowance == pytest.approx(3 * MB)
 
 
-def test_the_estimate_learns_remote_bytes_per_footer_byte() -> None:
+def test_the_remote_estimate_learns_remote_bytes_per_footer_byte() -> None:
     p = Pacer("epoch", 0.2, 0)
     assert p.estimate(1000) == 1000
     for _ in range(30):
-        p.settle(0, 250, rolling=False, uncompressed=1000)  # compressed 4x
+        p.settle((0, 250), (1000, 1000), rolling=False)  # compressed 4x
     assert 240 <= p.estimate(1000) <= 270
 
 
@@ -61,26 +65,30 @@ def test_a_unit_larger_than_one_share_waits_for_a_whole_share() -> None:
     p = Pacer("epoch", 0.1, 0)
     budget = 100 * MB
     p.epoch_sealed(budget)
-    p.charge(6 * MB, rolling=True)  # 4 MB left of 10
-    assert p.why_wait(30 * MB, rolling=True, max_bytes=budget) is not None
-    p.epoch_sealed(budget)  # 14 MB >= one share
-    assert p.why_wait(30 * MB, rolling=True, max_bytes=budget) is None
+    p.charge(6 * MB, 6 * MB, rolling=True)  # 4 MB left of 10
+    assert p.why_wait(30 * MB, 30 * MB, rolling=True, max_bytes=budget) is not None
+    p.epoch_sealed(budget)  # a whole share again
+    assert p.allowance == 10 * MB
+    assert p.why_wait(30 * MB, 30 * MB, rolling=True, max_bytes=budget) is None
 
 
-def test_allowance_banks_at_most_one_budget() -> None:
+def test_an_unused_share_does_not_carry_over_and_an_overshoot_is_paid_back() -> None:
     p = Pacer("epoch", 0.5, 0)
     for _ in range(10):
         p.epoch_sealed(100 * MB)
-    assert p.allowance == 100 * MB
+    assert p.allowance == 50 * MB  # idle epochs bank nothing: the cache never turns over in one burst
+    p.charge(MB, 70 * MB, rolling=True)
+    p.epoch_sealed(100 * MB)
+    assert p.allowance == 30 * MB  # -20 MB overshoot + a 50 MB share
 
 
 def test_zero_share_keeps_the_sample_and_off_never_paces() -> None:
     keep = Pacer("epoch", 0.0, 0)
     keep.epoch_sealed(100 * MB)
-    assert "replace_per_epoch is 0" in (keep.why_wait(MB, True, 100 * MB) or "")
+    assert "replace_per_epoch is 0" in (keep.why_wait(MB, MB, True, 100 * MB) or "")
     off = Pacer("off", 0.2, 0)
-    assert off.why_wait(MB, True, 100 * MB) is None
-    off.charge(MB, rolling=True)
+    assert off.why_wait(MB, MB, True, 100 * MB) is None
+    off.charge(MB, MB, rolling=True)
     assert off.allowance == 0
 
 
@@ -90,11 +98,22 @@ def test_the_rate_cap_holds_while_filling_too() -> None:
     sent = 0
     for step in range(100):  # 10 s in steps of 0.1 s, units of 1 MB
         clock.now = step * 0.1
-        while p.why_wait(MB, rolling=False, max_bytes=10**12) is None:
-            p.charge(MB, rolling=False)
+        while p.why_wait(MB, MB, rolling=False, max_bytes=10**12) is None:
+            p.charge(MB, MB, rolling=False)
             sent += MB
     assert 95 * MB <= sent <= 111 * MB  # 10 MB/s over 10 s, plus the first full bucket
     assert "max_ingest_rate" in (p.reason or "")
+
+
+def test_no_cap_runs_up_no_debt_for_a_cap_set_later() -> None:
+    clock = Clock()
+    p = Pacer("epoch", 0.2, 0, clock=clock)
+    for _ in range(1000):  # 100 GB fetched with no cap
+        p.charge(100 * MB, 100 * MB, rolling=False)
+        p.settle((100 * MB, 100 * MB), (100 * MB, 100 * MB), rolling=False)
+    clock.now = 3600
+    p.configure(max_rate=10 * MB)
+    assert p.why_wait(MB, MB, rolling=False, max_bytes=10**12) is None  # a new cap starts with a full bucket
 
 
 def test_configure_changes_the_pace_at_runtime() -> None:
