@@ -50,7 +50,7 @@ def configure(d: "Daemon", max_bytes: int | None = None, policy: str | None = No
         d.min_free_disk = min_free_disk
     if epoch_max_samples is not None:
         d.epochs.max_samples = epoch_max_samples
-    d.pacer.configure(pacing, replace_per_epoch, max_ingest_rate)
+    d.traffic.pacer.configure(pacing, replace_per_epoch, max_ingest_rate)
     if max_bytes is not None or policy is not None:
         d.writer.evict(d.make_room).add_done_callback(d.count_evicted)
         d.complete = False

@@ -23,6 +23,7 @@ from samplecache.service.eviction import EvictionPlan, plan_eviction
 from samplecache.service.jobs import JobTable
 from samplecache.service.leases import Lease, LeaseTable
 from samplecache.service.pacing import Pacer
+from samplecache.service.traffic import Traffic
 from samplecache.service.planner import Pick, Planner, build_units
 from samplecache.service.remote import FsspecRemote, RemoteError
 from samplecache.service.sampler import SampleResult, SampleTask
@@ -58,19 +59,17 @@ class Daemon:
         self.leases.load(self.catalog.meta("leases", []) or [])
         self.jobs = JobTable(settings.lease_ttl)
         self.jobs.load(self.catalog.meta("jobs", []) or [])
-        self.pacer = Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate))
-        self.remote_bytes = 0  # fetched from the remote since start (footers and units)
-        self._remote_at_seal = self._remote_for_seal = 0
-        self._in_flight: dict[str, tuple[int, int, bool]] = {}  # task -> (remote estimate, bytes, rolling)
         self._ingesting = 0  # bytes of shards sampled and on their way to the writer
         self.epochs = EpochManager(self.catalog, self.writer, self.leases, self._manifest_fields,
                                    settings.epoch_wait_max)
         self.epochs.max_samples = settings.epoch_max_samples
         self.epochs.resident_for_epoch = self.epoch_shards
         self.epochs.extra_pins = self.jobs.recently_mapped
-        self.epochs.on_new_epoch = self._new_epoch
         self.epochs.reuse_key = lambda: (self.max_bytes, self.policy)
         self.remote = FsspecRemote(settings.source, settings.storage_options) if settings.source else None
+        self.traffic = Traffic(Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate)),
+                               lambda: self.remote.bytes_read if self.remote is not None else 0)
+        self.epochs.on_new_epoch = lambda epoch: self.traffic.epoch_started(self.max_bytes)
         self.discovery = Discovery(self.remote, self.catalog, self.writer, settings.columns) if self.remote else None
         self.planner: Planner | None = None
         self.supervisor = Supervisor(settings.samplers, self._on_result)
@@ -273,23 +272,18 @@ class Daemon:
         assert self.planner is not None and self.schema is not None
         sizes = self.catalog.file(pick.unit.path).get("row_group_bytes") or []
         size = int(sizes[pick.unit.row_group]) if pick.unit.row_group < len(sizes) else 0
-        estimate = self.pacer.estimate(size)
-        committed = self.catalog.resident_bytes + self._ingesting + \
-            sum(b for _, b, _ in list(self._in_flight.values())) + sum(r.bytes for r in list(self._held))
-        rolling = committed + max(size, 1) > self.max_bytes
-        reason = self.pacer.why_wait(estimate, size, rolling, self.max_bytes)
-        if reason is not None:
-            self.paused_reason = reason
-            return False
-        self.pacer.charge(estimate, size, rolling)
+        committed = self.catalog.resident_bytes + self._ingesting + self.traffic.out_bytes() + \
+            sum(r.bytes for r in list(self._held))
         key = f"c{pick.cycle}-u{pick.position}"
-        self._in_flight[key] = (estimate, size, rolling)
-        schema_json = self.schema.to_json()
+        self.paused_reason = self.traffic.admit(key, size, committed, self.max_bytes)
+        if self.paused_reason is not None:
+            return False
         self.supervisor.submit(SampleTask(
                 key=key, source=self.settings.source,
                 storage_options=dict(self.settings.storage_options), path=pick.unit.path,
-                row_group=pick.unit.row_group, schema=schema_json, staging_dir=str(self.settings.staging_dir),
-                block_bytes=int(self.settings.block_bytes), unit=pick.position, cycle=pick.cycle))
+                row_group=pick.unit.row_group, schema=self.schema.to_json(),
+                staging_dir=str(self.settings.staging_dir), block_bytes=int(self.settings.block_bytes),
+                unit=pick.position, cycle=pick.cycle))
         return True
 
     def _finish(self, pick: Pick) -> None:
@@ -301,9 +295,7 @@ class Daemon:
 
     # -- results -----------------------------------------------------------------------------------
     def _on_result(self, r: SampleResult) -> None:
-        estimate, size, rolling = self._in_flight.pop(r.task.key, (0, 0, False))
-        self.pacer.settle((estimate, r.remote_bytes), (size, r.bytes if r.ok else 0), rolling)
-        self.remote_bytes += r.remote_bytes
+        self.traffic.returned(r)
         if r.ok and r.staged:
             self._ingest(r)
             return
@@ -385,17 +377,8 @@ class Daemon:
 
     # -- reporting -----------------------------------------------------------------------------------
     def _manifest_fields(self) -> dict[str, Any]:
+        """What every manifest says besides its shards (called once per seal, just before it)."""
         assert self.schema is not None
-        self._remote_for_seal = self.total_remote_bytes()
         return {"schema": self.schema.to_json(), "lmdb_path": str(self.settings.lmdb_path),
                 "map_size": self.map_size, "seed": self.settings.seed, "source": self.settings.source,
-                "remote_bytes": self._remote_for_seal - self._remote_at_seal}
-
-    def _new_epoch(self, epoch: int) -> None:
-        """A new epoch was sealed (or a job started one on the latest): one more share of replacement."""
-        self._remote_at_seal = self._remote_for_seal
-        self.pacer.epoch_sealed(self.max_bytes)
-
-    def total_remote_bytes(self) -> int:
-        """Bytes fetched from the remote since start: sampled units and footers read by discovery."""
-        return self.remote_bytes + (self.remote.bytes_read if self.remote is not None else 0)
+                "remote_bytes": self.traffic.sealing()}

@@ -6,7 +6,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import ByteSize, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -14,7 +14,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from samplecache.service.eviction import POLICIES
 
 
-PACING = ("epoch", "off")
+Pacing = Literal["epoch", "off"]
+PACING: tuple[str, ...] = get_args(Pacing)
 _SIZE = re.compile(r"\s*\d*\.?\d+\s*[A-Za-z]*\s*")
 
 
@@ -41,7 +42,7 @@ class Settings(BaseSettings):
     eviction_policy: str = Field("fifo", description="Which shards make room once the budget is reached: fifo, random or lru")
     epoch_headroom: float = Field(0.2, ge=0.0, lt=1.0, description="Fraction of the budget a new epoch leaves out (the policy's next evictions) so new shards fit while it is leased")
     lease_ttl: float = Field(60.0, gt=0, le=3600, description="Seconds a reader's lease on an epoch lives without a heartbeat")
-    pacing: str = Field("epoch", description="Once the cache is full: epoch (replace at most replace_per_epoch x budget of remote bytes per sealed epoch; nothing while no job reads) or off (replace as fast as the samplers go)")
+    pacing: Pacing = Field("epoch", description="Once the cache is full: epoch (replace at most replace_per_epoch x budget of remote bytes per sealed epoch; nothing while no job reads) or off (replace as fast as the samplers go)")
     replace_per_epoch: float = Field(0.2, ge=0.0, le=1.0, description="With pacing=epoch: share of the budget fetched anew per sealed epoch once the cache is full (0: keep the sample as it is)")
     max_ingest_rate: ByteSize = Field(ByteSize(0), description="Cap on remote bytes per second, also while filling (e.g. 200MB; 0: no cap)")
     epoch_max_samples: int = Field(0, ge=0, description="Cap on the samples of one epoch (0: every resident sample)")
@@ -72,13 +73,6 @@ class Settings(BaseSettings):
     def _policy(cls, v: str) -> str:
         if v not in POLICIES:
             raise ValueError(f"unknown eviction policy {v!r}; choose one of {', '.join(sorted(POLICIES))}")
-        return v
-
-    @field_validator("pacing")
-    @classmethod
-    def _pacing(cls, v: str) -> str:
-        if v not in PACING:
-            raise ValueError(f"must be one of {', '.join(PACING)}")
         return v
 
     @field_validator("max_bytes", "min_free_disk", "block_bytes", "max_ingest_rate", mode="before")

@@ -41,8 +41,7 @@ def status_of(d: "Daemon") -> Status:
     quarantined = [{"path": p, "reason": i.get("reason", ""), "at": i.get("at")}
                    for p, i in d.catalog.files().items() if i.get("quarantined")]
     eps = d.catalog.epochs()
-    pacer = d.pacer
-    remote = d.total_remote_bytes()
+    pacer = d.traffic.pacer
     return Status(
         version=__version__, uptime_s=time.time() - d.started, source=d.settings.source,
         cache_dir=str(d.settings.cache_dir.resolve()), bytes=d.catalog.resident_bytes,
@@ -52,7 +51,7 @@ def status_of(d: "Daemon") -> Status:
         sampler={"state": sampler_state(d), "reason": d.paused_reason, "processes": d.supervisor.size,
                  "in_flight": d.supervisor.pending(), "restarts": d.supervisor.restarts},
         ingest={**ingest_rate(d), "commits": d.writer.commits},
-        remote={"bytes_read": remote, "bytes_since_last_epoch": remote - d._remote_at_seal},
+        remote={"bytes_read": d.traffic.total(), "bytes_since_last_epoch": d.traffic.since_seal()},
         pacing={"mode": pacer.mode, "replace_per_epoch": pacer.replace_per_epoch, "max_ingest_rate": pacer.max_rate,
                 "allowance_bytes": int(pacer.allowance), "reason": pacer.reason},
         remote_errors=d.remote_errors, last_error=d.last_error, quarantined=quarantined,
