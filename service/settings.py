@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     lease_ttl: float = Field(60.0, gt=0, le=3600, description="Seconds a reader's lease on an epoch lives without a heartbeat")
     pacing: Pacing = Field("epoch", description="Once the cache is full: epoch (replace at most replace_per_epoch x budget of remote bytes per sealed epoch; nothing while no job reads) or off (replace as fast as the samplers go)")
     replace_per_epoch: float = Field(0.2, ge=0.0, le=1.0, description="With pacing=epoch: share of the budget fetched anew per sealed epoch once the cache is full (0: keep the sample as it is)")
-    max_ingest_rate: ByteSize = Field(ByteSize(0), description="Cap on remote bytes per second, also while filling (e.g. 200MB; 0: no cap)")
+    max_ingest_rate: ByteSize = Field(ByteSize(0), ge=0, description="Cap on remote bytes per second, also while filling (e.g. 200MB; 0: no cap)")
     epoch_max_samples: int = Field(0, ge=0, description="Cap on the samples of one epoch (0: every resident sample)")
     discover_interval: float = Field(300.0, gt=0, description="Seconds between listings of the source for new files")
     num_nodes: int = Field(1, ge=1, description="How many hosts split the remote's row groups between them")
@@ -80,13 +80,6 @@ class Settings(BaseSettings):
     def _whole_size(cls, v: Any) -> Any:
         if isinstance(v, str) and not _SIZE.fullmatch(v):
             raise ValueError(f"{v!r} is not a size (e.g. 500GB, 2GiB, 1.5 TiB, 1048576)")
-        return v
-
-    @field_validator("max_ingest_rate")
-    @classmethod
-    def _not_negative(cls, v: ByteSize) -> ByteSize:
-        if v < 0:
-            raise ValueError("must not be negative (0: no cap)")
         return v
 
     @field_validator("max_bytes")
