@@ -59,8 +59,8 @@ def torchrun(url: str, out: Path, configs: list[dict[str, Any]]) -> dict[str, li
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(WORLD),
            "--master-addr", "127.0.0.1", "--master-port", str(cc.free_port()),
            str(Path(__file__).resolve().parent / "scripts" / "ddp_worker.py"), url, str(out), json.dumps(configs)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=cc.child_env(),
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=cc.child_env({"TMPDIR": str(out)}))  # torchrun's log dir, not the system temp dir
     try:
         log, _ = proc.communicate(timeout=LAUNCH_TIMEOUT)
     except subprocess.TimeoutExpired:

@@ -432,6 +432,8 @@ SMOKE = textwrap.dedent("""
         port = server.servers[0].sockets[0].getsockname()[1]
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
         server.should_exit = True; t.join(10)
+        env.close()
+        import shutil; shutil.rmtree(d)  # nothing left in the temp dir
         print("SMOKE OK")
 
     if __name__ == "__main__":

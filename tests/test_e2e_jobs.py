@@ -156,8 +156,8 @@ def test_torchrun_ranks_and_workers_of_a_new_job_agree_on_its_epochs(rolled: Any
            "ddp": True}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(cc.free_port()), str(READER), json.dumps(cfg)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=cc.child_env(),
-                          start_new_session=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, start_new_session=True,
+                          env=cc.child_env({"TMPDIR": str(tmp_path)}))  # torchrun's log dir: not /tmp
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     ranks = [json.loads((tmp_path / f"ddp-rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["job"] == ranks[1]["job"], "the ranks read as different jobs"

@@ -332,7 +332,8 @@ def run_scenario(c: Cluster, hosts: Hosts, deadline: float) -> None:
         out.mkdir()
         for r in range(NODES):
             tenv = clean_env()
-            tenv.update({"GLOO_SOCKET_IFNAME": hosts.devs[r], "OMP_NUM_THREADS": "1"})
+            tenv.update({"GLOO_SOCKET_IFNAME": hosts.devs[r], "OMP_NUM_THREADS": "1",
+                         "TMPDIR": str(c.tmp)})  # torchrun's log dir, not the system temp dir
             for k in [k for k in tenv if k.startswith(("AWS_", "MASTER_", "TORCHELASTIC_", "PET_"))]:
                 tenv.pop(k)
             cmd = hosts.exec(r, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES),
