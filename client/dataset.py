@@ -30,6 +30,11 @@ PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, w
 _DATASETS = itertools.count()  # the n-th dataset made in a process: the same n on every rank
 
 
+def _source_setting(name: str) -> property:
+    """A constructor setting that the epoch source uses: read-only here (one copy of it)."""
+    return property(lambda self: getattr(self._epochs, name), doc=f"``{name}`` as given to the constructor")
+
+
 class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     """Samples of the local samplecache, one epoch manifest at a time.
 
@@ -56,8 +61,6 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
             raise ValueError("batch_size must be a positive integer or None")
         if copy_threads is not None and copy_threads < 1:
             raise ValueError("copy_threads must be a positive integer or None (the usable cores, at most 4)")
-        self.url = url.rstrip("/")
-        self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.shuffle = shuffle
         self.seed = int(seed)
@@ -65,18 +68,13 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self.drop_last = drop_last
         self.shuffle_buffer = int(shuffle_buffer)
         self.partial = partial
-        self.min_samples = int(min_samples)
-        self.wait = float(wait)
-        self.token = token
-        self.retries = retries
-        self.lease = lease
         self.prefetch_next = prefetch_next
         self.prefetch = int(prefetch)
         self.copy_threads = copy_threads
         self._clock = EpochClock(0)
         self._topology = topology()
         self._iterations = 0
-        self._epochs = EpochSource(self.url, self._clock, self.columns, job=job, token=token, retries=retries,
+        self._epochs = EpochSource(url, self._clock, columns, job=job, token=token, retries=retries,
                                    min_samples=min_samples, wait=wait, lease=lease)
         # every rank of a torch.distributed run (and every DataLoader worker, which gets a copy) must use
         # the same run id, so that they all read the same job: agreed once, here
@@ -85,6 +83,14 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self._ring: Ring | None = None  # set by SampleCacheLoader before its workers fork
         self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
         self._collate_rest = False  # set by SampleCacheLoader: non-tensor columns through default_collate
+
+    url = _source_setting("url")
+    columns = _source_setting("columns")
+    token = _source_setting("token")
+    retries = _source_setting("retries")
+    min_samples = _source_setting("min_samples")
+    wait = _source_setting("wait")
+    lease = _source_setting("lease")
 
     # -- epochs ----------------------------------------------------------------------------
     def set_epoch(self, epoch: int, daemon_epoch: int | None = None) -> None:
