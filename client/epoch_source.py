@@ -6,7 +6,6 @@ asks it for an epoch's plan and a lease while it reads, and closes it when done.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import weakref
@@ -21,8 +20,6 @@ from samplecache.job import JobClient, job_name, new_run
 from samplecache.lease import LeaseKeeper
 from samplecache.reader import CacheReader
 from samplecache.record import FORMAT_VERSION, FormatError, Schema, unpack_shard_table
-
-log = logging.getLogger("samplecache.epochs")
 
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
 

@@ -121,11 +121,16 @@ class EpochManager:
                                  retry_after=2.0)
             await asyncio.sleep(0.05)
 
+    def _made_from(self) -> tuple[Any, ...]:
+        """What an uncapped epoch sealed now would be made from: the resident shards and the settings that
+        decide which of them it names."""
+        return (self.catalog.shards_version, *self.reuse_key())
+
     async def _seal(self, epoch: int, cap: int) -> bytes:
         """Seal ``epoch`` (the next one) from the shards resident now. The caller holds ``_lock``."""
         previous = set(self.shard_ids(epoch - 1)) if epoch > 0 else set()
         fields = self.manifest_fields()
-        key = (self.catalog.shards_version, *self.reuse_key())
+        key = self._made_from()
 
         def build() -> dict[str, Any]:
             chosen = select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch)
@@ -167,7 +172,7 @@ class EpochManager:
         async with self._lock:
             last = self.last_sealed()
             summary = (self.catalog.meta("epoch_summaries", {}) or {}).get(str(last), {})
-            if cap <= 0 and self._sealed_from.get(last) == (self.catalog.shards_version, *self.reuse_key()) \
+            if cap <= 0 and self._sealed_from.get(last) == self._made_from() \
                     and int(summary.get("samples", 0)) >= max(1, min_samples):
                 self.on_new_epoch(last)  # a new job epoch starts on it: one more share of replacement
                 return last
