@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["SampleCacheDataset", "SampleCacheLoader", "DaemonError", "EpochGone", "__version__"]
+__all__ = ["SampleCacheDataset", "SampleCacheLoader", "DaemonError", "EpochGone", "collate", "decode_image",
+           "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,6 +21,12 @@ def __getattr__(name: str) -> Any:
     if name == "SampleCacheLoader":
         from samplecache.loader import SampleCacheLoader
         return SampleCacheLoader
+    if name == "collate":
+        from samplecache.collation import collate
+        return collate
+    if name == "decode_image":
+        from samplecache.images import decode_image
+        return decode_image
     if name in ("DaemonError", "EpochGone"):
         from samplecache import daemon_api
         return getattr(daemon_api, name)

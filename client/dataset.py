@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import copy
 import itertools
+import numbers
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import IterableDataset, default_collate, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
+from samplecache.collation import collate_into
 from samplecache.epoch_clock import EpochClock
 from samplecache.epoch_source import EpochPlan, EpochSource
 from samplecache.gather import default_threads
@@ -24,10 +26,18 @@ from samplecache.transport import Ring, ring_batch
 AHEAD_BYTES = 8 << 20  # read ahead by the prefetch thread, beyond one chunk or batch
 BATCH_ALONE_BYTES = 1 << 20  # a batch at least this large is gathered on its own
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
+MAX_EPOCH = 2 ** 62  # epoch numbers stay far from int64's end (the shared clock adds to them)
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 
 
 _DATASETS = itertools.count()  # the n-th dataset made in a process: the same n on every rank
+
+
+def _epoch_number(value: Any, name: str) -> int:
+    """``value`` as an epoch number: an int with 0 <= value < 2**62 (the epoch clock counts in int64)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < MAX_EPOCH:
+        raise ValueError(f"{name} must be an int with 0 <= {name} < 2**62, not {value!r}")
+    return int(value)
 
 
 def _source_setting(name: str) -> property:
@@ -38,10 +48,12 @@ def _source_setting(name: str) -> property:
 class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     """Samples of the local samplecache, one epoch manifest at a time.
 
-    Per-sample (default): yields dicts of column -> numpy array / numpy scalar /
-    str / bytes / None, ready for ``default_collate`` and ``pin_memory=True``.
+    Per-sample (default): yields dicts of column -> value in the README's table of
+    representations (numpy array / numpy scalar / str / bytes / dict / list / None);
+    batch them with ``SampleCacheLoader`` or ``collate_fn=samplecache.collate``.
     Batched (``batch_size=B``, use ``DataLoader(batch_size=None)``): yields
-    ready batches, fixed-shape columns as tensors built by vectorised gathers.
+    ready batches, fixed-shape columns as tensors built by vectorised gathers
+    (with ``<name>__valid`` masks where they hold nulls).
 
     Every sample of the epoch is delivered once across DDP ranks x DataLoader
     workers; with ``partial="pad"`` (default) or ``"drop"`` every rank gets
@@ -52,8 +64,12 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
                  transform: Callable[[Any], Any] | None = None, shuffle: bool = True, seed: int = 0,
                  *, batch_size: int | None = None, drop_last: bool = False, shuffle_buffer: int = 0,
                  partial: str = "pad", min_samples: int = 1, wait: float = 60.0, token: str | None = None,
-                 retries: int = 5, lease: bool = True, prefetch_next: bool = True, prefetch: int = 2,
-                 copy_threads: int | None = None, job: str | None = None) -> None:
+                 retries: int | None = None, lease: bool = True, prefetch_next: bool = True, prefetch: int = 2,
+                 copy_threads: int | None = None, job: str | None = None, deadline: float | None = None) -> None:
+        """``deadline``: seconds each call to the daemon (a manifest, a lease, the job) may take, all retries
+        included, before a ``DaemonError`` (default: SAMPLECACHE_DEADLINE, else 60); waiting for an epoch's
+        ``min_samples`` may add ``wait`` on top. ``retries``: at most this many retries per call (default: as
+        many as the deadline allows). ``token``: default SAMPLECACHE_TOKEN, else the daemon's token file."""
         super().__init__()
         if partial not in PARTIAL:
             raise ValueError(f"partial must be one of {PARTIAL}, not {partial!r}")
@@ -75,14 +91,14 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self._topology = topology()
         self._iterations = 0
         self._epochs = EpochSource(url, self._clock, columns, job=job, token=token, retries=retries,
-                                   min_samples=min_samples, wait=wait, lease=lease)
+                                   min_samples=min_samples, wait=wait, lease=lease, deadline=deadline)
         # every rank of a torch.distributed run (and every DataLoader worker, which gets a copy) must use
         # the same run id, so that they all read the same job: agreed once, here
         self._epochs.run = agreed_run(self._epochs.run, next(_DATASETS))
         self._resume: dict[str, Any] | None = None
         self._ring: Ring | None = None  # set by SampleCacheLoader before its workers fork
         self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
-        self._collate_rest = False  # set by SampleCacheLoader: non-tensor columns through default_collate
+        self._collate_rest = False  # set by SampleCacheLoader: list-valued columns through samplecache.collate
 
     url = _source_setting("url")
     columns = _source_setting("columns")
@@ -91,15 +107,16 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     min_samples = _source_setting("min_samples")
     wait = _source_setting("wait")
     lease = _source_setting("lease")
+    deadline = _source_setting("deadline")
 
     # -- epochs ----------------------------------------------------------------------------
     def set_epoch(self, epoch: int, daemon_epoch: int | None = None) -> None:
         """Read the job's ``epoch`` on the next iteration (later iterations go on from there). With
         ``daemon_epoch``, that epoch replays the sealed daemon epoch of that number (a snapshot: exactly what
         an earlier run read, while it is still resident)."""
-        if epoch < 0:
-            raise ValueError("epoch must be >= 0")
+        epoch = _epoch_number(epoch, "epoch")
         if daemon_epoch is not None:
+            daemon_epoch = _epoch_number(daemon_epoch, "daemon_epoch")
             self._epochs.replay(int(epoch), int(daemon_epoch))
         self._clock.set(int(epoch))
         self._position = (int(epoch), 0)
@@ -303,25 +320,25 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
                 yield min(unit, len(idx) - a), self._collate(plan, idx[a:a + unit], rows[a:a + unit], b)
             return
         gathered = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols,
-                                     threads=self._threads())
+                                     threads=self._threads(), masks=True)
         tensors = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in gathered.items()}
         for a in range(0, len(idx), b):
             yield min(b, len(idx) - a), self._finish({k: v[a:a + b] for k, v in tensors.items()})
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """One batch as DataLoader's ``default_collate`` would make it from the samples, for a per-sample
-        dataset batched by SampleCacheLoader: list-valued columns are collated the same way."""
+        """One batch as ``samplecache.collate`` makes it from the samples (``default_collate`` where that
+        works), for a per-sample dataset batched by SampleCacheLoader: list-valued columns are collated."""
         if self._collate_rest:
-            for k, v in batch.items():
+            for k, v in list(batch.items()):
                 if isinstance(v, list):
-                    batch[k] = default_collate(v)
+                    collate_into(batch, k, v)
         return batch
 
     def _collate(self, plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, b: int) -> Any:
         """One item: the batches of ``b`` of these positions (a pack when there are several)."""
         def produce(alloc: Any = None) -> dict[str, Any]:
             batch = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, alloc,
-                                      self._threads())
+                                      self._threads(), masks=True)
             out = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
             return self._finish(out) if len(idx) <= b else out  # packs: only when every column is fixed
 

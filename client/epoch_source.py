@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from samplecache.daemon_api import DaemonError, fetch_manifest
+from samplecache.daemon_api import DaemonError, daemon_url, deadline_setting, fetch_manifest
 from samplecache.epoch_clock import EpochClock
 from samplecache.job import JobClient, job_name, new_run
 from samplecache.lease import LeaseKeeper
@@ -40,7 +40,9 @@ class EpochPlan:
         wanted = list(columns) if columns is not None else names
         unknown = [c for c in wanted if c not in names]
         if unknown:
-            raise KeyError(f"columns {unknown} are not cached; the cache has {names}")
+            left_out = {c: why for c, why in (manifest.get("skipped_columns") or {}).items() if c in unknown}
+            raise KeyError(f"columns {unknown} are not cached; the cache has {names}"
+                           + (f"; left out by the daemon: {left_out}" if left_out else ""))
         self.cols = [self.schema.index(c) for c in wanted]
         table = (unpack_shard_table(manifest["shards_packed"]) if "shards_packed" in manifest
                  else np.array(manifest["shards"], dtype=np.int64).reshape(-1, 4))
@@ -70,12 +72,18 @@ class EpochSource:
     pickle) share the job and run, so every process of the run reads the same daemon epochs."""
 
     def __init__(self, url: str, clock: EpochClock, columns: Sequence[str] | None = None, *,
-                 job: str | None = None, token: str | None = None, retries: int = 5, min_samples: int = 1,
-                 wait: float = 60.0, lease: bool = True) -> None:
-        self.url = url.rstrip("/")
+                 job: str | None = None, token: str | None = None, retries: int | None = None,
+                 min_samples: int = 1, wait: float = 60.0, lease: bool = True, deadline: float | None = None
+                 ) -> None:
+        """``token`` None: SAMPLECACHE_TOKEN, else the daemon's token file (``samplecache.auth``); ``deadline``
+        None: SAMPLECACHE_DEADLINE, else 60 s; ``retries`` None: as many as the deadline allows. The
+        environment is read here, once (DataLoader workers get the values with their copy)."""
+        self.url = daemon_url(url)  # a bad URL is a ValueError now, not a connection failure later
         self.clock = clock
         self.columns = list(columns) if columns is not None else None
-        self.job, self.token, self.retries = job, token, retries
+        self.job, self.retries = job, retries
+        self.token = token or os.environ.get("SAMPLECACHE_TOKEN") or None
+        self.deadline = deadline_setting(deadline if deadline is not None else os.environ.get("SAMPLECACHE_DEADLINE"))
         self.min_samples, self.wait, self.lease = int(min_samples), float(wait), lease
         self.run = new_run()
         self.resume = False  # the job must exist (set by load_state_dict)
@@ -99,7 +107,8 @@ class EpochSource:
         A job restarted by name starts at its next epoch unless ``set_epoch`` said otherwise."""
         client = self._client
         if client is None or client.name != self.job_name or client.run != self.run:
-            client = self._client = JobClient(self.url, self.job_name, self.run, self.token, self.retries)
+            client = self._client = JobClient(self.url, self.job_name, self.run, self.token, self.retries,
+                                              self.deadline)
         if client.start is None:
             self.clock.start_at(client.attach(self.resume))
         return client
@@ -123,7 +132,8 @@ class EpochSource:
             got = self._plans.get(epoch)
         if got is None:
             daemon_epoch = self.attach().daemon_epoch(epoch, self.min_samples, self.wait)
-            manifest = fetch_manifest(self.url, daemon_epoch, self.min_samples, self.wait, self.token, self.retries)
+            manifest = fetch_manifest(self.url, daemon_epoch, self.min_samples, self.wait, self.token, self.retries,
+                                      self.deadline)
             got = EpochPlan(manifest, self.columns, epoch)
             with self._lock:
                 self._plans[epoch] = got
@@ -133,7 +143,7 @@ class EpochSource:
 
     def _new_keeper(self, plan: EpochPlan, holder: str) -> LeaseKeeper:
         return LeaseKeeper(self.url, plan.daemon_epoch, self.token, holder=holder, job=self.job_name,
-                           run=self.run, job_epoch=plan.epoch)
+                           run=self.run, job_epoch=plan.epoch, deadline=self.deadline)
 
     def _store_ahead(self, epoch: int, keeper: LeaseKeeper) -> None:
         """Keep a lease taken ahead for ``epoch``, unless that epoch already started (or the source closed):

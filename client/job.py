@@ -12,7 +12,7 @@ import secrets
 from typing import Any
 from urllib.parse import quote
 
-from samplecache.daemon_api import request_json
+from samplecache.daemon_api import DEFAULT_DEADLINE, request_json
 
 
 def new_run() -> str:
@@ -27,8 +27,10 @@ def job_name(job: str | None, run: str) -> str:
 class JobClient:
     """Attaches to the job once and remembers which daemon epoch each job epoch reads."""
 
-    def __init__(self, url: str, name: str, run: str, token: str | None = None, retries: int = 5) -> None:
+    def __init__(self, url: str, name: str, run: str, token: str | None = None, retries: int | None = None,
+                 deadline: float = DEFAULT_DEADLINE) -> None:
         self.url, self.name, self.run, self.token, self.retries = url.rstrip("/"), name, run, token, retries
+        self.deadline = deadline
         self.start: int | None = None  # the run's first job epoch, once attached
         self._daemon_epochs: dict[int, int] = {}
 
@@ -36,7 +38,8 @@ class JobClient:
         """Start, join or take over the job; returns the run's first job epoch (0 for a new job, the next
         unread one for a job restarted by name). ``resume``: the job must exist (404 names the known ones)."""
         got = request_json(f"{self.url}/v1/jobs", "POST", self.token,
-                           {"name": self.name, "run": self.run, "resume": bool(resume)}, retries=self.retries)
+                           {"name": self.name, "run": self.run, "resume": bool(resume)}, retries=self.retries,
+                           deadline=self.deadline, what=f"attaching to job {self.name!r}")
         self.start = int(got["start_epoch"])
         return self.start
 
@@ -50,7 +53,8 @@ class JobClient:
                    f"&min_samples={int(min_samples)}&timeout={wait}")
             if replay is not None:
                 url += f"&daemon_epoch={int(replay)}"
-            reply: dict[str, Any] = request_json(url, "POST", self.token, {}, timeout=wait + 30.0,
-                                                 retries=self.retries)
+            reply: dict[str, Any] = request_json(
+                url, "POST", self.token, {}, wait=wait, retries=self.retries, deadline=self.deadline,
+                what=f"mapping job {self.name!r} epoch {int(job_epoch)} to a daemon epoch")
             got = self._daemon_epochs[job_epoch] = int(reply["daemon_epoch"])
         return got

@@ -13,7 +13,7 @@ import threading
 from multiprocessing import util as mp_util
 from typing import Any
 
-from samplecache.daemon_api import DaemonError, request_json
+from samplecache.daemon_api import DEFAULT_DEADLINE, DaemonError, request_json
 
 log = logging.getLogger("samplecache.lease")
 
@@ -24,15 +24,16 @@ class LeaseKeeper:
 
     def __init__(self, url: str, epoch: int, token: str | None = None, ttl: float | None = None,
                  holder: str | None = None, job: str | None = None, run: str | None = None,
-                 job_epoch: int | None = None) -> None:
-        self.url, self.epoch, self.token = url.rstrip("/"), epoch, token
+                 job_epoch: int | None = None, deadline: float = DEFAULT_DEADLINE) -> None:
+        self.url, self.epoch, self.token, self.deadline = url.rstrip("/"), epoch, token, deadline
         self.read = 0
         body: dict[str, Any] = {"holder": holder or f"{socket.gethostname()} pid {os.getpid()}"}
         if ttl is not None:
             body["ttl"] = ttl
         if job is not None:
             body.update(job=job, run=run, job_epoch=job_epoch)
-        got = request_json(f"{self.url}/v1/epochs/{epoch}/leases", "POST", token, body)
+        got = request_json(f"{self.url}/v1/epochs/{epoch}/leases", "POST", token, body, deadline=deadline,
+                           what=f"taking a lease on daemon epoch {epoch}")
         self.id: str = got["id"]
         self.ttl: float = float(got["ttl"])
         self.lost: str | None = None
@@ -49,7 +50,8 @@ class LeaseKeeper:
         while not self._stop.wait(self.ttl / 3):
             try:
                 request_json(f"{self.url}/v1/epochs/{self.epoch}/leases/{self.id}/heartbeat", "POST",
-                             self.token, {"read": self.read}, timeout=self.ttl / 3, retries=1)
+                             self.token, {"read": self.read}, deadline=min(self.deadline, self.ttl / 3),
+                             retries=1, what=f"renewing the lease on daemon epoch {self.epoch}")
             except DaemonError as e:
                 if self._stop.is_set():
                     return  # released meanwhile: nothing to say
@@ -74,7 +76,8 @@ class LeaseKeeper:
             return
         try:
             request_json(f"{self.url}/v1/epochs/{self.epoch}/leases/{self.id}?read={int(self.read)}", "DELETE",
-                         self.token, timeout=10, retries=1)
+                         self.token, deadline=min(self.deadline, 10.0), retries=1,
+                         what=f"releasing the lease on daemon epoch {self.epoch}")
         except DaemonError as e:  # it will expire by itself
             log.debug("lease release failed: %s", e)
         if self._thread is not threading.current_thread():

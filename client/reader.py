@@ -3,6 +3,10 @@
 The environment is reopened when ``os.getpid()`` changes (a forked DataLoader
 worker must never use its parent's handle), read transactions last one span of
 one shard, and ``MapResizedError`` is absorbed.
+
+With ``verify`` (or ``SAMPLECACHE_VERIFY=1``) every block's checksum is checked the first time this process
+reads it (blocks never change once written, so once per process is enough): a damaged block raises
+``DamagedBlock`` naming its shard and block instead of serving wrong values.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ import lmdb
 import numpy as np
 
 from samplecache.gather import PARALLEL_MIN_BYTES, copy_all
-from samplecache.record import BlockView, Schema, record_key
+from samplecache.record import BlockView, Schema, check_block, record_key
 
 MAX_READERS = 4096
+VALID_SUFFIX = "__valid"  # batches: the mask of a fixed column with nulls
 LARGE_SAMPLE_BYTES = 64 << 10  # samples this large are copied one by one (over threads), smaller ones gathered
 READAHEAD = True  # lets the kernel map pages around a fault: a fresh process reads a warm cache ~2x faster
+VERIFY_ENV = "SAMPLECACHE_VERIFY"
 _ENVS: dict[str, tuple[int, lmdb.Environment, Any]] = {}
+_VERIFIED: dict[str, set[int]] = {}  # LMDB path -> (shard << 32 | block) checked by this process
 
 
 class CacheNotVisible(RuntimeError):
@@ -50,6 +57,11 @@ def open_cache(path: str, map_size: int) -> tuple[lmdb.Environment, Any]:
     return env, db
 
 
+def verify_from_env() -> bool:
+    """SAMPLECACHE_VERIFY=1 (or true/yes/on) turns verification on read on."""
+    return os.environ.get(VERIFY_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def _begin(env: lmdb.Environment) -> lmdb.Transaction:
     try:
         return env.begin(buffers=True)
@@ -61,8 +73,12 @@ def _begin(env: lmdb.Environment) -> lmdb.Transaction:
 class CacheReader:
     """Reads samples by (shard id, row); one short read transaction per chunk of positions."""
 
-    def __init__(self, path: str, map_size: int, schema: Schema) -> None:
+    def __init__(self, path: str, map_size: int, schema: Schema, verify: bool = False) -> None:
+        """``verify``: check each block's checksum on its first read in this process (also on when the
+        environment has SAMPLECACHE_VERIFY=1)."""
         self.path, self.map_size, self.schema = path, map_size, schema
+        self.verify = verify or verify_from_env()
+        self._verified = _VERIFIED.setdefault(path, set())
 
     def _views(self, txn: lmdb.Transaction, db: Any, keys: np.ndarray, sids: np.ndarray,
                blocks: np.ndarray) -> dict[int, BlockView]:
@@ -74,16 +90,22 @@ class CacheReader:
             if buf is None:
                 raise KeyError(f"shard {sid} block {b} is missing from the cache: it was evicted while this "
                                f"epoch was read without a live lease (lease=False, or it expired)")
+            if self.verify and k not in self._verified:
+                check_block(buf, sid, b)
+                self._verified.add(k)
             views[k] = BlockView(buf, self.schema)
         return views
 
     def batch(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int],
               alloc: Callable[[str, tuple[int, ...], np.dtype], np.ndarray | None] | None = None,
-              threads: int = 1) -> dict[str, Any]:
+              threads: int = 1, masks: bool = False) -> dict[str, Any]:
         """One collated batch: fixed columns as (n, *shape) arrays filled by vectorised gathers, others as lists.
 
-        ``alloc(name, shape, dtype)`` may supply the output arrays (e.g. in shared memory); a large
-        batch's copies are split over ``threads`` threads (``gather.copy_all``)."""
+        A fixed column with nulls in the batch comes as a list of values (None, or a list for a cell with
+        null elements); with ``masks`` (batches for tensors) as an array with NaN / 0 under the nulls plus
+        ``<name>__valid`` (bool, same shape, False where null), and datetime64/timedelta64 as int64 counts
+        of the unit. ``alloc(name, shape, dtype)`` may supply the output arrays (e.g. in shared memory); a
+        large batch's copies are split over ``threads`` threads (``gather.copy_all``)."""
         env, db = open_cache(self.path, self.map_size)
         n = len(rows)
         blocks, local = np.divmod(rows, rpbs)
@@ -101,26 +123,21 @@ class CacheReader:
             for ci in cols:
                 col = self.schema.columns[ci]
                 name = col.name
-                if col.kind == "fixed" and not _has_nulls(views, ci):
-                    shape, dtype = (n,) + col.shape, np.dtype(col.dtype or "<f4")
-                    arr = alloc(name, shape, dtype) if alloc is not None else None
-                    if arr is None:
-                        arr = np.empty(shape, dtype)
-                    per_sample = arr.ndim > 1 and (len(groups) == n or (
-                        arr.nbytes >= PARALLEL_MIN_BYTES and arr.nbytes // n >= LARGE_SAMPLE_BYTES))
-                    if per_sample:  # large samples: one copy each, over ``threads`` threads
-                        cols_u = [views[int(u)].column_array(ci) for u in uniq.tolist()]
-                        copy_all([(arr[j], cols_u[u][r]) for j, (u, r) in
-                                  enumerate(zip(inverse.tolist(), local.tolist()))], threads)
-                    elif len(groups) == 1:  # one block: a single gather straight into the batch
-                        np.take(views[int(uniq[0])].column_array(ci), local, axis=0, out=arr)
-                    elif len(groups) == n:
-                        for j, u in enumerate(inverse.tolist()):
-                            arr[j] = views[int(uniq[u])].column_array(ci)[local[j]]
-                    else:
-                        for u, sel in zip(uniq.tolist(), groups):
-                            arr[sel] = views[u].column_array(ci)[local[sel]]
-                    out[name] = arr
+                nulls = col.kind == "fixed" and _has_nulls(views, ci)
+                if col.kind == "fixed" and (masks or not nulls):
+                    dtype = np.dtype(col.dtype or "<f4")
+                    if masks and dtype.kind in "Mm":
+                        dtype = np.dtype("<i8")
+                    srcs = {int(u): views[int(u)].column_array(ci).view(dtype) for u in uniq.tolist()}
+                    out[name] = _gather(srcs, (n,) + col.shape, dtype, uniq, inverse, local, groups,
+                                        alloc and (lambda sh, dt: alloc(name, sh, dt)), threads)
+                    if nulls:
+                        ones = np.ones(col.shape, bool)
+                        valid = {u: _or_ones(views[u].column_mask(ci), ones, views[u].nrows) for u in srcs}
+                        mask = _gather(valid, (n,) + col.shape, np.dtype(bool), uniq, inverse, local, groups,
+                                       alloc and (lambda sh, dt: alloc(name + VALID_SUFFIX, sh, dt)), 1)
+                        np.copyto(out[name], np.nan if dtype.kind == "f" else 0, where=~mask)
+                        out[name + VALID_SUFFIX] = mask
                 else:
                     vals: list[Any] = [None] * n
                     for u, sel in zip(uniq.tolist(), groups):
@@ -144,6 +161,35 @@ def split_batch(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
         return
     for i in range(n):
         yield {k: c[i] for k, c in zip(names, columns)}
+
+
+def _gather(srcs: dict[int, np.ndarray], shape: tuple[int, ...], dtype: np.dtype, uniq: np.ndarray,
+            inverse: np.ndarray, local: np.ndarray, groups: list[np.ndarray],
+            alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None, threads: int) -> np.ndarray:
+    """Rows ``local`` of the blocks' (nrows, *shape) arrays ``srcs`` into one (n, *shape) array."""
+    n = shape[0]
+    arr = alloc(shape, dtype) if alloc else None
+    if arr is None:
+        arr = np.empty(shape, dtype)
+    per_sample = arr.ndim > 1 and (len(groups) == n or (
+        arr.nbytes >= PARALLEL_MIN_BYTES and arr.nbytes // max(1, n) >= LARGE_SAMPLE_BYTES))
+    if per_sample:  # large samples: one copy each, over ``threads`` threads
+        cols_u = [srcs[int(u)] for u in uniq.tolist()]
+        copy_all([(arr[j], cols_u[u][r]) for j, (u, r) in enumerate(zip(inverse.tolist(), local.tolist()))],
+                 threads)
+    elif len(groups) == 1:  # one block: a single gather straight into the batch
+        np.take(srcs[int(uniq[0])], local, axis=0, out=arr)
+    elif len(groups) == n:
+        for j, u in enumerate(inverse.tolist()):
+            arr[j] = srcs[int(uniq[u])][local[j]]
+    else:
+        for u, sel in zip(uniq.tolist(), groups):
+            arr[sel] = srcs[u][local[sel]]
+    return arr
+
+
+def _or_ones(mask: np.ndarray | None, ones: np.ndarray, nrows: int) -> np.ndarray:
+    return mask if mask is not None else np.broadcast_to(ones, (nrows,) + ones.shape)
 
 
 def _has_nulls(views: dict[int, BlockView], ci: int) -> bool:

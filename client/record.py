@@ -1,22 +1,33 @@
 """The record/wire format: the one module the daemon and the client share.
 
-Pure stdlib + numpy. A shard's rows are stored as *blocks*: each block holds a
+Pure stdlib + numpy + xxhash. A shard's rows are stored as *blocks*: each block holds a
 contiguous run of rows, column by column, so a batch is a vectorised gather and
 a 1 MiB tensor decodes with a single ``np.frombuffer`` + copy.
 
 Block layout (all integers little endian)::
 
-    header   : magic b"SCB" + FORMAT_VERSION (u8) | ncols u16 | pad u16 | nrows u32 | pad u32   (16 bytes)
-    table    : ncols x 6 u64 = (data_off, data_len, aux_off, aux_len, shape_off, valid_off)
+    header   : magic b"SCB" + FORMAT_VERSION (u8) | ncols u16 | pad u16 | nrows u32 | pad u32 | checksum u64
+               (24 bytes)
+    table    : ncols x 7 u64 = (layout, data_off, data_len, aux_off, aux_len, shape_off, valid_off)
     sections : each aligned to ALIGN bytes
 
-Per column kind:
+Per column kind, in the dense layout (0):
 
-* ``fixed``  data = nrows x prod(shape) values of dtype, C order.
+* ``fixed``  data = nrows x prod(shape) values of dtype, C order (numbers, bool, datetime64/timedelta64).
 * ``list``   data = flat leaf values; aux = int64 offsets (nrows + 1) in leaf
              items; shape section = int32 (nrows, ndim) per-row shapes.
 * ``string`` / ``binary`` data = concatenated bytes; aux = int64 offsets.
 * any kind may carry ``valid`` = nrows uint8 (0 = null); offset 0 means none.
+
+The nested layout (1, ``samplecache.nested``) holds any Arrow value with nulls at every level: always for
+``nested`` columns (structs, maps, decimals, lists of strings...), and for the blocks of a ``fixed`` or
+``list`` column whose rows have null elements or ragged nesting. Its aux section is a u64 table of
+(offset, length) per buffer of the type tree, depth first; ``valid_off`` points at the root's validity.
+
+``checksum`` is xxh3_64 (the ``xxhash`` package) of every byte of the block but its own 8: bytes
+0-15, then 24 to the end (table, sections and the padding between them), so a flipped byte anywhere in a
+block is found. The encoder computes it when it builds the block; the writer checks it when it ingests a
+shard, ``samplecache verify`` over the whole cache, and the client on read when asked (``verify_block``).
 
 The schema is stored once (in the daemon's catalog and in every manifest), never
 per record. Keys sort by shard id, so age order is key order.
@@ -27,22 +38,37 @@ from __future__ import annotations
 import base64
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+import xxhash
 
-FORMAT_VERSION = 1
+from samplecache import nested
+
+FORMAT_VERSION = 3  # v3: a checksum in every block header
 MAGIC = b"SCB" + bytes([FORMAT_VERSION])
 ALIGN = 64
-KINDS = ("fixed", "list", "string", "binary")
+KINDS = ("fixed", "list", "string", "binary", "nested")
+DENSE, NESTED = 0, 1  # block layouts of a column
 
-_HEADER = struct.Struct("<4sHHII")
-_ENTRY = struct.Struct("<6Q")
+_HEADER = struct.Struct("<4sHHIIQ")
+_SUM_AT = 16  # offset of the checksum in the header (the header's last 8 bytes)
+_ENTRY = struct.Struct("<7Q")
 
 
 class FormatError(ValueError):
     """A block or schema that this version of the format cannot read."""
+
+
+class DamagedBlock(FormatError):
+    """A stored block whose bytes are not the ones written (its checksum does not match)."""
+
+    def __init__(self, shard: int, block: int, reason: str) -> None:
+        super().__init__(f"shard {shard} block {block} of the cache is damaged ({reason}): the cache file does "
+                         f"not hold the bytes written; run `samplecache verify` to list the damage and restart "
+                         f"the daemon with --reset-cache to rebuild the cache")
+        self.shard, self.block, self.reason = shard, block, reason
 
 
 @dataclass(frozen=True)
@@ -51,6 +77,10 @@ class Column:
 
     ``shape`` is the per-sample shape for ``fixed`` columns (``()`` for a
     scalar); for ``list`` columns it has ``-1`` where a dimension varies by row.
+    ``type`` is the column's type tree (``samplecache.nested``; derived from
+    kind, dtype and shape when not given), ``tz`` a timestamp's time zone,
+    ``arrow`` the remote's Arrow type as text and ``info`` what the dataset says
+    about the column (e.g. Hugging Face ``ClassLabel`` names).
     """
 
     name: str
@@ -58,10 +88,18 @@ class Column:
     dtype: str | None = None
     shape: tuple[int, ...] = ()
     nullable: bool = False
+    type: Mapping[str, Any] | None = field(default=None, compare=False)
+    tz: str | None = None
+    arrow: str | None = field(default=None, compare=False)
+    info: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "dtype": self.dtype,
-                "shape": list(self.shape), "nullable": self.nullable}
+        out = {"name": self.name, "kind": self.kind, "dtype": self.dtype,
+               "shape": list(self.shape), "nullable": self.nullable, "type": dict(self.type_node())}
+        for k in ("tz", "arrow", "info"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "Column":
@@ -69,7 +107,21 @@ class Column:
         if kind not in KINDS:
             raise FormatError(f"unknown column kind {kind!r}")
         return cls(name=obj["name"], kind=kind, dtype=obj.get("dtype"),
-                   shape=tuple(obj.get("shape", ())), nullable=bool(obj.get("nullable", False)))
+                   shape=tuple(obj.get("shape", ())), nullable=bool(obj.get("nullable", False)),
+                   type=obj.get("type"), tz=obj.get("tz"), arrow=obj.get("arrow"), info=obj.get("info"))
+
+    def type_node(self) -> Mapping[str, Any]:
+        """The type tree of the nested layout (``samplecache.nested``)."""
+        if self.type is not None:
+            return self.type
+        if self.kind in ("string", "binary"):
+            return {"t": self.kind}
+        if self.kind == "nested":
+            raise FormatError(f"nested column {self.name!r} has no type")
+        node: dict[str, Any] = {"t": "prim", "dtype": self.dtype or "<f4"}
+        for size in reversed(self.shape):
+            node = {"t": "list", "child": node} if size < 0 else {"t": "list", "size": size, "child": node}
+        return node
 
     @property
     def item_count(self) -> int:
@@ -129,6 +181,7 @@ class ColumnData:
     offsets: np.ndarray | None = None     # list/string/binary: int64, nrows + 1
     shapes: np.ndarray | None = None      # list: int32 (nrows, ndim)
     valid: np.ndarray | None = None       # optional bool/uint8 (nrows,)
+    tree: list[np.ndarray | None] | None = None  # the nested layout: every buffer of the type tree, depth first
 
 
 def _aligned(n: int) -> int:
@@ -154,21 +207,59 @@ def encode_block(schema: Schema, columns: Sequence[ColumnData], nrows: int) -> b
         return off, raw.nbytes
 
     for col, cd in zip(schema.columns, columns):
+        if cd.tree is not None:
+            if len(cd.tree) != nested.slots(col.type_node()):
+                raise FormatError(f"column {col.name!r}: {len(cd.tree)} buffers for a type of "
+                                  f"{nested.slots(col.type_node())}")
+            where = np.array([place(b) for b in cd.tree], dtype="<u8").reshape(-1)
+            aux_off, aux_len = place(where)
+            table.append((NESTED, 0, 0, aux_off, aux_len, 0, int(where[0]) if len(where) else 0))
+            continue
         data_off, data_len = place(cd.data)
         aux_off, aux_len = place(None if cd.offsets is None else cd.offsets.astype("<i8", copy=False))
         shape_off, _ = place(None if cd.shapes is None else cd.shapes.astype("<i4", copy=False))
         valid_off, _ = place(None if cd.valid is None else cd.valid.astype(np.uint8, copy=False))
-        table.append((data_off, data_len, aux_off, aux_len, shape_off, valid_off))
+        table.append((DENSE, data_off, data_len, aux_off, aux_len, shape_off, valid_off))
 
     out = bytearray(pos)
-    _HEADER.pack_into(out, 0, MAGIC, len(columns), 0, nrows, 0)
+    _HEADER.pack_into(out, 0, MAGIC, len(columns), 0, nrows, 0, 0)
     for i, entry in enumerate(table):
         _ENTRY.pack_into(out, _HEADER.size + i * _ENTRY.size, *entry)
     view = memoryview(out)
     for off, raw in parts:
         view[off:off + raw.nbytes] = raw.data
     view.release()
+    struct.pack_into("<Q", out, _SUM_AT, block_checksum(out))
     return out
+
+
+# --- checksums -------------------------------------------------------------------------------
+
+def block_checksum(buf: memoryview | bytes | bytearray) -> int:
+    """xxh3_64 of a block without its checksum field: bytes [0, 16) then [24, end)."""
+    view = memoryview(buf)
+    h = xxhash.xxh3_64(view[:_SUM_AT])
+    h.update(view[_HEADER.size:])
+    return h.intdigest()
+
+
+def verify_block(buf: memoryview | bytes | bytearray, full: bool = True) -> str | None:
+    """Why a stored block is damaged, or None when it is whole. ``full=False`` checks only its header
+    (length, magic, version): no payload byte is read."""
+    if len(buf) < _HEADER.size:
+        return f"{len(buf)} bytes, shorter than the {_HEADER.size}-byte block header"
+    magic = bytes(buf[:4])
+    if magic != MAGIC:
+        return f"bad magic {magic!r}" if magic[:3] != MAGIC[:3] else f"record format v{magic[3]}, not v{FORMAT_VERSION}"
+    stored, got = struct.unpack_from("<Q", buf, _SUM_AT)[0], block_checksum(buf) if full else None
+    return None if got in (None, stored) else f"checksum mismatch: stored {stored:#018x}, computed {got:#018x}"
+
+
+def check_block(buf: memoryview | bytes | bytearray, shard: int, block: int) -> None:
+    """Raise DamagedBlock naming the shard and the block when the block is damaged."""
+    reason = verify_block(buf)
+    if reason is not None:
+        raise DamagedBlock(shard, block, reason)
 
 
 # --- decoding ------------------------------------------------------------------------
@@ -184,7 +275,7 @@ class BlockView:
     __slots__ = ("buf", "schema", "nrows", "_table", "_cache")
 
     def __init__(self, buf: memoryview | bytes, schema: Schema) -> None:
-        magic, ncols, _, nrows, _ = _HEADER.unpack_from(buf, 0)
+        magic, ncols, _, nrows, _, _ = _HEADER.unpack_from(buf, 0)
         if magic != MAGIC:
             if bytes(magic[:3]) == MAGIC[:3]:
                 raise FormatError(f"record format version mismatch: block is v{magic[3]}, "
@@ -199,42 +290,69 @@ class BlockView:
         self._cache: dict[int, tuple[Any, ...]] = {}
 
     def _parts(self, ci: int) -> tuple[Any, ...]:
+        """(data, offsets, shapes, valid, tree) of a column: numpy views of the block; ``tree`` is the
+        ``nested.Node`` of a column stored in the nested layout (then data is its leaf values for a
+        ``fixed`` column, else None)."""
         got = self._cache.get(ci)
         if got is not None:
             return got
         col = self.schema.columns[ci]
-        data_off, data_len, aux_off, aux_len, shape_off, valid_off = self._table[ci]
+        layout, data_off, data_len, aux_off, aux_len, shape_off, valid_off = self._table[ci]
         n = self.nrows
         valid = np.frombuffer(self.buf, np.uint8, n, valid_off) if valid_off else None
-        if col.kind == "fixed":
+        if layout == NESTED:
+            where = np.frombuffer(self.buf, "<u8", aux_len // 8, aux_off).reshape(-1, 2).tolist()
+            tree = nested.build(col.type_node(), n, ((self.buf, int(o), int(ln)) for o, ln in where))
+            data = None
+            if col.kind == "fixed":
+                data = nested.leaf_values(tree).reshape((n,) + col.shape)
+            got = (data, None, None, tree.valid, tree)
+        elif col.kind == "fixed":
             dt = np.dtype(col.dtype)
             data = np.frombuffer(self.buf, dt, data_len // dt.itemsize, data_off).reshape((n,) + col.shape)
-            got = (data, None, None, valid)
+            got = (data, None, None, valid, None)
         else:
             offsets = np.frombuffer(self.buf, "<i8", n + 1, aux_off)
             if col.kind == "list":
                 dt = np.dtype(col.dtype)
                 data = np.frombuffer(self.buf, dt, data_len // dt.itemsize, data_off)
                 shapes = np.frombuffer(self.buf, "<i4", n * len(col.shape), shape_off).reshape(n, len(col.shape))
-                got = (data, offsets, shapes, valid)
+                got = (data, offsets, shapes, valid, None)
             else:
-                got = (np.frombuffer(self.buf, np.uint8, data_len, data_off), offsets, None, valid)
+                got = (np.frombuffer(self.buf, np.uint8, data_len, data_off), offsets, None, valid, None)
         self._cache[ci] = got
         return got
 
     def has_nulls(self, ci: int) -> bool:
-        return bool(self._table[ci][5])
+        """Whether any cell of the column, or any element inside one, is null in this block."""
+        return bool(self._table[ci][6]) or self._table[ci][0] == NESTED
 
     def column_array(self, ci: int) -> np.ndarray:
-        """The whole ``fixed`` column as an (nrows, *shape) view."""
-        return self._parts(ci)[0]
+        """The whole ``fixed`` column as an (nrows, *shape) view (what lies under nulls is undefined)."""
+        data: np.ndarray = self._parts(ci)[0]
+        return data
+
+    def column_mask(self, ci: int) -> np.ndarray | None:
+        """For a ``fixed`` column: an (nrows, *shape) bool array, False where a value is null (at any
+        level), or None when none is."""
+        data, _, _, valid, tree = self._parts(ci)
+        if tree is not None:
+            mask = nested.leaf_mask(tree)
+            return None if mask is None else mask.reshape(data.shape)
+        if valid is None:
+            return None
+        return np.broadcast_to(valid.astype(bool).reshape((-1,) + (1,) * (data.ndim - 1)), data.shape)
 
     def value(self, ci: int, i: int) -> Any:
-        """One cell as an owned Python/numpy value (None for null)."""
-        data, offsets, shapes, valid = self._parts(ci)
+        """One cell as an owned Python/numpy value (None for null); the README's table of representations."""
+        data, offsets, shapes, valid, tree = self._parts(ci)
         if valid is not None and not valid[i]:
             return None
         kind = self.schema.columns[ci].kind
+        if tree is not None:
+            if kind == "nested":
+                return nested.to_py(tree, i, i + 1)[0]
+            return nested.cell(tree, i)
         if kind == "fixed":
             v = data[i]
             return v.copy() if data.ndim > 1 else v
@@ -249,10 +367,9 @@ class BlockView:
         return {names[ci].name: self.value(ci, i) for ci in cols}
 
     def gather(self, rows: np.ndarray, ci: int) -> Any:
-        """Values of column ``ci`` at ``rows``: one array for fixed columns, else a list."""
-        data, _, _, valid = self._parts(ci)
-        if self.schema.columns[ci].kind == "fixed" and valid is None:
-            return np.take(data, rows, axis=0)
+        """Values of column ``ci`` at ``rows``: one array for fixed columns without nulls, else a list."""
+        if self.schema.columns[ci].kind == "fixed" and not self.has_nulls(ci):
+            return np.take(self._parts(ci)[0], rows, axis=0)
         return [self.value(ci, int(r)) for r in rows]
 
 

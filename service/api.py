@@ -1,25 +1,59 @@
-"""The HTTP API: ``create_app(settings)``; the lifespan owns the daemon."""
+"""The HTTP API: ``create_app(settings)``; the lifespan owns the daemon.
+
+Every error reply is ``{"detail": "<text>"}`` (the ``Problem`` model). Typed service errors become statuses
+here, in one table (``STATUS``); the gate (``gate.py``) answers 401 and 413 before a route runs."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from samplecache import __version__
-from samplecache.service import routes_control, routes_epochs, routes_jobs
+from samplecache.service import routes_control, routes_epochs, routes_jobs, routes_quarantine
+from samplecache.service.auth import resolve_token
 from samplecache.service.daemon import Daemon
 from samplecache.service.deps import DaemonDep
-from samplecache.service.jobs import JobError
+from samplecache.service.errors import Conflict, Gone, Invalid, NotFound, NotReady, ServiceError
+from samplecache.service.gate import RequestGate
 from samplecache.service.models import Health, Problem, SchemaOut, Status
 from samplecache.service.settings import Settings
 from samplecache.service.status import status_of
 
 ERRORS: dict[int | str, dict[str, Any]] = {503: {"model": Problem}}
+STATUS: dict[type[ServiceError], int] = {Invalid: 422, NotFound: 404, Conflict: 409, Gone: 410, NotReady: 503}
+MAX_PROBLEMS, MAX_NAME, MAX_MESSAGE = 5, 64, 200  # a 422 names at most this much: never the values sent
+_UNION_BRANCH = re.compile(r"^(constrained-)?(int|str|float|bool|none|literal\[.*\]|function-\w+\[.*\])$")
+
+
+def problem_reply(exc: Exception) -> JSONResponse:
+    """The reply to a typed error: ``{"detail": ..., **extra}``."""
+    status = next((STATUS[c] for c in type(exc).__mro__ if c in STATUS), 400)
+    extra = dict(getattr(exc, "extra", None) or {})
+    retry = getattr(exc, "retry_after", None)
+    headers = {"Retry-After": str(max(1, int(retry)))} if retry else None
+    message = getattr(exc, "message", None) or str(exc)
+    return JSONResponse({"detail": message, **extra}, status_code=status, headers=headers)
+
+
+def validation_detail(errors: Sequence[Any]) -> str:
+    """Which fields are wrong and how, from pydantic's errors: the field names (cut short) and the rule broken,
+    never the value sent (a 50 MB value is not echoed)."""
+    by_field: dict[str, list[str]] = {}
+    for e in errors:
+        loc = [str(p)[:MAX_NAME] for p in e.get("loc", ()) if not _UNION_BRANCH.match(str(p))]
+        msgs = by_field.setdefault(".".join(loc) or "request", [])
+        msg = str(e.get("msg", "invalid"))[:MAX_MESSAGE]
+        if msg not in msgs:
+            msgs.append(msg)
+    parts = [f"{where}: {' or '.join(msgs)}" for where, msgs in list(by_field.items())[:MAX_PROBLEMS]]
+    more = len(by_field) - MAX_PROBLEMS
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "") if parts else "bad request"
 
 
 def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
@@ -41,18 +75,25 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
     app.include_router(routes_epochs.router)
     app.include_router(routes_control.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_quarantine.router)
+    app.state.token = resolve_token(settings)  # StartupError when the token file cannot be used
+    app.add_middleware(RequestGate, token=app.state.token, max_body_bytes=int(settings.max_body_bytes))
 
-    @app.exception_handler(JobError)
-    async def _job_error(request: Request, exc: JobError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message, **exc.extra}, status_code=exc.status)
+    async def _typed(request: Request, exc: Exception) -> JSONResponse:
+        return problem_reply(exc)
+
+    app.add_exception_handler(ServiceError, _typed)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-        return JSONResponse({"detail": "; ".join(parts) or "bad request"}, status_code=422)
+        return JSONResponse({"detail": validation_detail(exc.errors())}, status_code=422)
 
-    @app.get("/healthz", response_model=Health, tags=["health"])
-    async def healthz() -> Health:
+    @app.get("/healthz", response_model=Health, responses=ERRORS, tags=["health"])
+    async def healthz(d: DaemonDep) -> Any:
+        """200 while every background thread works; 503 with the reasons when one fails, stalls or died."""
+        problems = d.health.problems()
+        if problems:
+            return JSONResponse({"detail": "; ".join(problems)}, 503)
         return Health()
 
     @app.get("/readyz", response_model=Health, responses=ERRORS, tags=["health"])

@@ -14,11 +14,12 @@ keeps the mirror that the writer updates after each commit.
 
 from __future__ import annotations
 
+import builtins
 import json
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import lmdb
 
@@ -26,6 +27,9 @@ from samplecache.record import pack_shard_table
 
 DBS = (b"records", b"shards", b"epochs", b"files", b"meta")
 MANIFEST_CACHE = 8
+
+
+SUMMARY_PREFIX = "summary/"  # meta key of one epoch's summary: summary/<epoch>
 
 
 def u64(n: int) -> bytes:
@@ -46,12 +50,14 @@ class Shard:
     blocks: int
     created: float
     last_used_epoch: int = -1
+    row_groups: int = 1   # consecutive row groups of the unit, from ``row_group``
+    first_row: int = -1   # the shard's first row in its file (-1: not recorded)
 
-    def to_json(self) -> bytes:
+    def to_json(self) -> builtins.bytes:  # ``bytes`` is a field of this class
         return json.dumps(asdict(self), separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes) -> "Shard":
+    def from_json(cls, raw: builtins.bytes) -> "Shard":
         return cls(**json.loads(raw))
 
 
@@ -79,6 +85,9 @@ class Catalog:
         self._units: Counter[tuple[str, int]] = Counter()
         self.files_version = 0
         self.shards_version = 0  # changes whenever a shard is added or removed
+        self._summaries: dict[int, dict[str, Any]] = {}  # kept epochs' summaries (status, jobs)
+        self._manifest_sizes: dict[int, int] = {}
+        self.manifest_total = 0  # bytes of the kept manifests: they count within the budget
         self._load()
 
     def _load(self) -> None:
@@ -90,7 +99,18 @@ class Catalog:
                 s = Shard.from_json(v)
                 st.shards[s.id] = s
                 st.keys.add(s.key)
-            st.epochs = [int.from_bytes(k, "big") for k in txn.cursor(db=self.dbs[b"epochs"]).iternext(values=False)]
+            for k, v in txn.cursor(db=self.dbs[b"epochs"]):
+                st.epochs.append(int.from_bytes(k, "big"))
+                self._manifest_sizes[st.epochs[-1]] = len(v)
+        self.manifest_total = sum(self._manifest_sizes.values())
+        legacy = st.meta.pop("epoch_summaries", None) or {}  # before per-epoch keys: one blob of them all
+        for key in [k for k in st.meta if k.startswith(SUMMARY_PREFIX)]:
+            self._summaries[int(key[len(SUMMARY_PREFIX):])] = st.meta.pop(key)
+        for e, summary in legacy.items():
+            self._summaries.setdefault(int(e), summary)
+        kept = set(st.epochs)
+        self._summaries = {e: v for e, v in self._summaries.items() if e in kept}
+        with self.env.begin(buffers=False) as txn:
             for k, v in txn.cursor(db=self.dbs[b"files"]):
                 st.files[k.decode()] = json.loads(v)
         self.resident_bytes = sum(s.bytes for s in st.shards.values())
@@ -195,12 +215,33 @@ class Catalog:
                 self.resident_bytes -= s.bytes
                 self.resident_rows -= s.rows
 
-    def sealed(self, epoch: int, raw: bytes) -> None:
+    def sealed(self, epoch: int, raw: bytes, summary: dict[str, Any] | None = None,
+               dropped: Sequence[int] = ()) -> None:
         with self._lock:
             if epoch not in self._state.epochs:
                 self._state.epochs.append(epoch)
                 self._state.epochs.sort()
+                self._manifest_sizes[epoch] = len(raw)
+            if summary is not None:
+                self._summaries[epoch] = summary
+            for e in dropped:
+                if e in self._state.epochs:
+                    self._state.epochs.remove(e)
+                self._summaries.pop(e, None)
+                self._manifest_sizes.pop(e, None)
+                self._manifests.pop(e, None)
+                self._compact.pop(e, None)
+            self.manifest_total = sum(self._manifest_sizes.values())
         self._remember(epoch, raw)
+
+    def summaries(self) -> dict[int, dict[str, Any]]:
+        """Summaries of the kept epochs (samples, new_samples, bytes, shards, sealed_at, remote_bytes)."""
+        with self._lock:
+            return dict(self._summaries)
+
+    def summary(self, epoch: int) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._summaries.get(epoch) or {})
 
     def set_meta(self, key: str, value: Any) -> None:
         with self._lock:

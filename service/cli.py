@@ -1,4 +1,4 @@
-"""The ``samplecache`` command: serve, status, demo."""
+"""The ``samplecache`` command: serve, status, demo, bench, verify."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ def _serve_parser(sub: Any) -> None:
         if name == "storage_options":
             kw["metavar"] = "JSON"
         p.add_argument(_flag(name), **kw)
+    # a flag only, never a setting in the environment: under a service manager it would reset on every restart
+    p.add_argument("--reset-cache", action="store_true", dest="reset_cache_once",
+                   help="drop the cache dir's LMDB cache and staging files, then start empty (the way out of a "
+                        "damaged or old-format cache; the sealed epochs are lost)")
 
 
 def _settings_from(args: argparse.Namespace) -> Any:
@@ -72,7 +76,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from samplecache.service.api import create_app
-    from samplecache.service.cachedir import StartupError
+    from samplecache.service.cachedir import DamagedCacheFile, StartupError
+    from samplecache.service.redact import install_log_redaction, redact
     from samplecache.service.daemon import Daemon
     from samplecache.service.remote import RemoteError
 
@@ -82,22 +87,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"samplecache serve: {_explain(e)}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
     try:
-        daemon = Daemon(settings)
+        daemon = Daemon(settings, reset=bool(getattr(args, "reset_cache_once", False)))
         daemon.check_remote()
+        app = create_app(settings, daemon)  # resolves the API token (a bad token file stops here, in one line)
     except (StartupError, RemoteError) as e:
-        print(f"samplecache serve: {e}", file=sys.stderr)
+        print(f"samplecache serve: {redact(str(e))}", file=sys.stderr)
         if "daemon" in locals():
             daemon.stop()
-        return 1
+        return 2 if isinstance(e, DamagedCacheFile) else 1
     daemon.start()
-    app = create_app(settings, daemon)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=5, access_log=settings.log_level == "debug")
     try:
         _server(config).run()
     finally:
         daemon.stop()
+    if daemon.health.fatal:
+        print(f"samplecache serve: stopped: {daemon.health.fatal}", file=sys.stderr)
+        return 1  # the service manager restarts it
     return 0
 
 
@@ -150,6 +159,8 @@ def format_status(s: dict[str, Any]) -> str:
                 f"{human(e.get('remote_bytes', 0)):>11}" for e in s["epochs"][-10:]]
     for q in s["quarantined"][:10]:
         out.append(f"quarantined: {q['path']}: {q['reason']}")
+    for name, why in (s.get("skipped_columns") or {}).items():
+        out.append(f"column left out: {name}: {why}")
     return "\n".join(out)
 
 
@@ -172,6 +183,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
                      max_samples=args.max_samples or None)
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from samplecache.service.settings import Settings
+    from samplecache.service.verify import run_verify
+
+    try:
+        settings = Settings(**({"cache_dir": args.cache_dir} if args.cache_dir else {}))
+    except ValidationError as e:
+        print(f"samplecache verify: {_explain(e)}", file=sys.stderr)
+        return 2
+    return run_verify(settings.lmdb_path, quick=args.quick, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="samplecache", description="A per-host cache of a growing random sample "
                                 "of a remote Parquet dataset, for PyTorch training.")
@@ -191,10 +214,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-size", type=int, default=256)
     b.add_argument("--passes", type=int, default=2, help="warm passes per setting (after one warm-up)")
     b.add_argument("--max-samples", type=int, default=200_000, help="samples per pass at most (0: the whole epoch)")
+    v = sub.add_parser("verify", help="check every block of the cache against its checksum (beside a live daemon "
+                       "too); exit 0 clean, 1 damaged, 2 no cache to check")
+    v.add_argument("--cache-dir", default=None, help="the daemon's --cache-dir (default: SAMPLECACHE_CACHE_DIR or "
+                   "./samplecache-data)")
+    v.add_argument("--quick", action="store_true", help="check block headers and that every block is there, "
+                   "not the checksums (reads a page per block)")
+    v.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bench": cmd_bench}[args.command]
+    handler = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bench": cmd_bench,
+               "verify": cmd_verify}[args.command]
     return int(handler(args) or 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from samplecache.service.errors import Conflict, Invalid
 from samplecache.service.eviction import POLICIES
 from samplecache.service.settings import PACING
 
@@ -11,36 +12,31 @@ if TYPE_CHECKING:
     from samplecache.service.daemon import Daemon
 
 
-class ConfigError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
 def configure(d: "Daemon", max_bytes: int | None = None, policy: str | None = None,
               min_free_disk: int | None = None, epoch_max_samples: int | None = None, pacing: str | None = None,
               replace_per_epoch: float | None = None, max_ingest_rate: int | None = None) -> None:
-    """Change settings at runtime (validated; raises ConfigError with what fits)."""
+    """Change settings at runtime (validated; raises errors.Invalid or errors.Conflict with what fits). Runs on the scheduler's thread
+    (``Daemon.configure``), never on a request's."""
     if policy is not None and policy not in POLICIES:
-        raise ConfigError(422, f"unknown eviction policy {policy!r}; choose one of {sorted(POLICIES)}")
+        raise Invalid(f"unknown eviction policy {policy!r}; choose one of {sorted(POLICIES)}")
     if pacing is not None and pacing not in PACING:
-        raise ConfigError(422, f"unknown pacing {pacing!r}; choose one of {list(PACING)}")
+        raise Invalid(f"unknown pacing {pacing!r}; choose one of {list(PACING)}")
     if max_bytes is not None:
         largest = max((s.bytes for s in d.catalog.shards()), default=0)
         pinned = d.epochs.pinned_shards()
         pinned_bytes = sum(s.bytes for s in d.catalog.shards() if s.id in pinned)
         ceiling = (d.map_size - (1 << 30)) // 2
         if max_bytes <= 0:
-            raise ConfigError(422, "max_bytes must be positive")
+            raise Invalid("max_bytes must be positive")
         if max_bytes < largest:
-            raise ConfigError(409, f"max_bytes {max_bytes} is smaller than one shard ({largest} bytes): "
+            raise Conflict(f"max_bytes {max_bytes} is smaller than one shard ({largest} bytes): "
                                    f"at least {largest} fits")
         if max_bytes < pinned_bytes:
-            raise ConfigError(409, f"max_bytes {max_bytes} is less than the {pinned_bytes} bytes pinned by "
+            raise Conflict(f"max_bytes {max_bytes} is less than the {pinned_bytes} bytes pinned by "
                                    f"live leases on epochs {sorted(d.epochs.pinned_epochs())}: at least "
                                    f"{pinned_bytes} fits now")
         if max_bytes > ceiling:
-            raise ConfigError(409, f"max_bytes {max_bytes} is beyond what this run's LMDB map allows "
+            raise Conflict(f"max_bytes {max_bytes} is beyond what this run's LMDB map allows "
                                    f"({ceiling}); restart the daemon with --max-bytes {max_bytes}")
     if max_bytes is not None:
         d.max_bytes = max_bytes
@@ -51,6 +47,3 @@ def configure(d: "Daemon", max_bytes: int | None = None, policy: str | None = No
     if epoch_max_samples is not None:
         d.epochs.max_samples = epoch_max_samples
     d.traffic.pacer.configure(pacing, replace_per_epoch, max_ingest_rate)
-    if max_bytes is not None or policy is not None:
-        d.writer.evict(d.make_room).add_done_callback(d.count_evicted)
-        d.complete = False

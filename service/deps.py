@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, HTTPException, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from samplecache.service.auth import authorized
 from samplecache.service.daemon import Daemon
+from samplecache.service.gate import UNAUTHORIZED
 
+# Declares the scheme in the OpenAPI; the check itself happens in the gate (``gate.py``) before the body is
+# read, and again here for an app served without the gate.
+BEARER = HTTPBearer(auto_error=False, description="The daemon's token (GET /v1/status names its file)")
 
 
 def get_daemon(request: Request) -> Daemon:
     return request.app.state.daemon  # type: ignore[no-any-return]
 
 
-def require_token(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
-    """Endpoints that change state need ``Authorization: Bearer <token>`` when a token is set."""
-    token = request.app.state.daemon.settings.token
-    if token and not hmac.compare_digest(authorization or "", f"Bearer {token}"):
-        raise HTTPException(401, "this endpoint needs 'Authorization: Bearer <token>' (SAMPLECACHE_TOKEN)",
-                            headers={"WWW-Authenticate": "Bearer"})
+def require_token(request: Request,
+                  credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None) -> None:
+    """Endpoints that change state need ``Authorization: Bearer <token>`` unless ``--auth off``."""
+    token: str | None = request.app.state.token
+    if token is None:
+        return
+    header = request.headers.get("authorization")
+    if header is None or not authorized(header.encode("latin-1"), token.encode("utf-8")):
+        raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
 
 
 DaemonDep = Annotated[Daemon, Depends(get_daemon)]

@@ -1,18 +1,21 @@
-"""Discovery: list the source, read new files' footers, check their schema, quarantine bad ones."""
+"""Discovery: list the source, read new files' footers, unify their schemas, plan their units, quarantine bad ones."""
 
 from __future__ import annotations
 
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from samplecache.record import Schema
 from samplecache.service.catalog import Catalog
-from samplecache.service.encoder import UnsupportedColumn, column_for, infer_schema
+from samplecache.service.encoder import UnsupportedColumn, infer_schema
+from samplecache.service.planner import plan_units
 from samplecache.service.remote import RemoteError, RemoteStore, classify_error
+from samplecache.service.schemas import SchemaConflict, check_fits, from_text, load_schema_file, normalize, to_text, unify
 from samplecache.service.writer import Writer
 
 log = logging.getLogger("samplecache.discovery")
@@ -21,65 +24,131 @@ FOOTER_THREADS = 8
 
 
 class Discovery:
-    def __init__(self, remote: RemoteStore, catalog: Catalog, writer: Writer, columns: list[str] | None) -> None:
+    def __init__(self, remote: RemoteStore, catalog: Catalog, writer: Writer, columns: list[str] | None,
+                 unit_bytes: int = 64 << 20, schema_file: Path | None = None) -> None:
         self.remote, self.catalog, self.writer, self.columns = remote, catalog, writer, columns
+        self.unit_bytes = unit_bytes
         raw = catalog.meta("schema")
         self.schema: Schema | None = Schema.from_json(raw) if raw else None
         self.skipped: dict[str, str] = catalog.meta("skipped_columns", {}) or {}
+        text = catalog.meta("arrow_schema_ipc")
+        self.target: pa.Schema | None = from_text(text) if text else None  # the dataset's Arrow schema
+        self._target_text: tuple[pa.Schema, str] | None = None
+        self.pinned = load_schema_file(schema_file) if schema_file else None
+        if self.pinned is not None:
+            self.pinned = normalize(self.pinned, columns)
+            if self.target is not None and not self.target.equals(self.pinned):
+                raise SchemaConflict(f"--schema-file {schema_file} differs from the schema this cache dir was "
+                                     f"built with; use a new --cache-dir")
+
+    def target_text(self) -> str | None:
+        """The dataset's Arrow schema as the sampling tasks carry it (serialized once per schema)."""
+        if self.target is None:
+            return None
+        if self._target_text is None or self._target_text[0] is not self.target:
+            self._target_text = (self.target, to_text(self.target))
+        return self._target_text[1]
 
     def run(self) -> list[str]:
-        """List the source; record the new files (row groups or quarantine). Returns the new paths."""
+        """List the source; record the new files (units or quarantine), and look again at quarantined files that
+        changed (size/ETag/mtime) or were released by hand. Returns the paths whose units are new."""
         paths = self.remote.list_files()
-        known = self.catalog.files()
+        sigs: dict[str, str] = getattr(self.remote, "signatures", {}) or {}
+        # before the dataset has a schema, every file is looked at again (a failed start decided nothing)
+        known = self.catalog.files() if self.schema is not None else {}
         new = [p for p in paths if p not in known]
-        if not new:
+        again = [p for p in paths if p in known and known[p].get("quarantined") and (
+            known[p].get("recheck") or (sigs.get(p) and known[p].get("signature") not in (None, sigs.get(p))))]
+        if not new and not again:
             return []
         seq = 1 + max((int(i.get("seq", 0)) for i in known.values()), default=0)
-        found: dict[str, dict[str, Any]] = {}
         with ThreadPoolExecutor(FOOTER_THREADS) as pool:
-            for path, info, schema in pool.map(self._footer, new):
-                if schema is not None:
-                    info = self._check_schema(info, schema)
+            footers = [f for f in pool.map(self._footer, sorted(new + again)) if f is not None]
+        found = self._check_schemas(footers)
+        fresh: list[str] = []
+        for path, info in found.items():
+            info["signature"] = sigs.get(path)
+            old = known.get(path)
+            if old is None:
                 info["seq"] = seq
-                found[path] = info
+                fresh.append(path)
+            elif info.get("quarantined"):
+                log.warning("%s is still unreadable after it changed or was released: %s", path, info["reason"])
+                info = found[path] = dict(old, reason=info["reason"], at=info["at"], signature=sigs.get(path))
+                info.pop("recheck", None)
+            else:
+                info["seq"] = old.get("seq", seq)
+                if not old.get("row_groups") or old.get("units") not in (None, info.get("units")):
+                    fresh.append(path)  # new units; any old ones are skipped as stale (scheduler.unit_current)
+                log.info("%s leaves quarantine (%s)", path, "released" if old.get("recheck") else "it changed")
         self.writer.put_files(found).result()
         if self.schema is None:
-            raise RemoteError(f"no readable Parquet file under source {self.remote.url!r}")
-        log.info("source %s: %d new file(s)", self.remote.url, len(found))
-        return sorted(found)
+            reasons = sorted({i["reason"] for i in found.values() if i.get("quarantined")})
+            raise RemoteError(f"no readable Parquet file under source {self.remote.url!r}"
+                              + (": " + "; ".join(reasons[:3]) if reasons else ""))
+        if new:
+            log.info("source %s: %d new file(s)", self.remote.url, len(new))
+        return sorted(p for p in fresh if not found[p].get("quarantined") or p in new)
 
-    def _footer(self, path: str) -> tuple[str, dict[str, Any], pa.Schema | None]:
+    def _footer(self, path: str) -> tuple[str, dict[str, Any], pa.Schema | None] | None:
+        """The file's units and schema; quarantined only when its footer bytes cannot be parsed; None (look
+        again at the next listing) when reading it failed for any other cause."""
         try:
             info, schema = self.remote.file_info(path)
-            md_bytes = list(info.row_group_bytes)
-            return path, {"row_groups": list(info.row_groups), "row_group_bytes": md_bytes, "size": info.size}, schema
+            units = plan_units(info.row_groups, info.row_group_bytes, self.unit_bytes)
+            return path, {"row_groups": list(info.row_groups), "row_group_bytes": list(info.row_group_bytes),
+                          "units": units, "size": info.size}, schema
         except Exception as e:
-            if classify_error(e) == "unreachable":
+            kind = classify_error(e)
+            if kind == "unreachable":
                 raise
-            return path, quarantined(f"unreadable footer: {type(e).__name__}: {e}"), None
+            if kind != "corrupt":
+                log.warning("cannot read the footer of %s (%s: %s); trying again at the next listing",
+                            path, type(e).__name__, e)
+                return None
+            log.warning("quarantined %s: unreadable footer: %s: %s", path, type(e).__name__, e)
+            return path, quarantined(f"unreadable footer: {type(e).__name__}: {e}", kind="corrupt"), None
 
-    def _check_schema(self, info: dict[str, Any], arrow_schema: pa.Schema) -> dict[str, Any]:
-        try:
-            if self.schema is None:
-                schema, skipped = infer_schema(arrow_schema, self.columns)
-                self.writer.put_meta({"schema": schema.to_json(), "skipped_columns": skipped,
-                                      "arrow_schema": str(arrow_schema)}).result()
-                self.schema, self.skipped = schema, skipped
-                return info
-            for col in self.schema.columns:
-                if col.name not in arrow_schema.names:
-                    raise UnsupportedColumn(f"column {col.name!r} is missing")
-                got = column_for(arrow_schema.field(col.name))
-                if (got.kind, got.dtype, got.shape) != (col.kind, col.dtype, col.shape):
-                    raise UnsupportedColumn(f"column {col.name!r} is {got.kind} {got.dtype} {got.shape}, "
-                                            f"expected {col.kind} {col.dtype} {col.shape}")
-            return info
-        except UnsupportedColumn as e:
-            return quarantined(f"schema mismatch: {e}")
+    def _check_schemas(self, footers: list[tuple[str, dict[str, Any], pa.Schema | None]]) -> dict[str, dict[str, Any]]:
+        """Each file checked against the dataset's schema (unified from these files while there is none)."""
+        found: dict[str, dict[str, Any]] = {}
+        fixed = self.target if self.target is not None else self.pinned
+        target = fixed
+        for path, info, schema in footers:
+            found[path] = info
+            if schema is None:
+                continue
+            norm = normalize(schema, self.columns)
+            try:
+                if fixed is not None:
+                    check_fits(fixed, norm, "the cache's schema" if self.target is not None else "--schema-file")
+                else:
+                    target = unify(target, norm)
+            except SchemaConflict as e:
+                found[path] = quarantined(f"schema: {e}", info, kind="schema")
+                log.warning("quarantined %s: %s", path, e)
+        if self.target is None and target is not None:
+            try:
+                schema, skipped = infer_schema(target, self.columns)
+            except UnsupportedColumn as e:
+                raise RemoteError(f"source {self.remote.url!r}: {e}") from None
+            self.writer.put_meta({"schema": schema.to_json(), "skipped_columns": skipped,
+                                  "arrow_schema": str(target), "arrow_schema_ipc": to_text(target)}).result()
+            self.schema, self.skipped, self.target = schema, skipped, target
+            for name, why in skipped.items():
+                log.warning("column %r is left out: %s", name, why)
+        return found
 
 
-def quarantined(reason: str, info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """File info marking a file as quarantined (its units are skipped, never retried)."""
+def quarantined(reason: str, info: dict[str, Any] | None = None, kind: str = "corrupt") -> dict[str, Any]:
+    """File info marking a file as quarantined: its units are skipped until the file changes (size, ETag or
+    mtime) or it is released (``DELETE /v1/quarantine/{file}``). ``kind``: corrupt | schema."""
     out = dict(info or {"row_groups": []})
-    out.update(quarantined=True, reason=reason, at=time.time())
+    out.pop("recheck", None)
+    out.update(quarantined=True, reason=reason, kind=kind, at=time.time())
     return out
+
+
+def released(info: dict[str, Any]) -> dict[str, Any]:
+    """File info of a quarantined file released by hand: read again at the next listing."""
+    return dict(info, recheck=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+import json
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from samplecache.record import Column, ColumnData, Schema, encode_block
 
@@ -16,34 +18,103 @@ class UnsupportedColumn(ValueError):
     pass
 
 
-def _leaf_dtype(t: pa.DataType) -> str:
+_TIME_UNITS = {"s", "ms", "us", "ns"}
+
+
+def _prim_dtype(t: pa.DataType) -> str | None:
+    """The numpy dtype of a fixed-width Arrow scalar type (temporal types keep their unit), else None."""
     if pa.types.is_boolean(t):
         return "|b1"
     if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return np.dtype(t.to_pandas_dtype()).str
-    if pa.types.is_date32(t) or pa.types.is_time32(t):
-        return "<i4"
-    if pa.types.is_temporal(t):
-        return "<i8"
+        return str(np.dtype(t.to_pandas_dtype()).str)
+    if pa.types.is_date32(t):
+        return "<M8[D]"
+    if pa.types.is_date64(t):
+        return "<M8[ms]"
+    if pa.types.is_timestamp(t):
+        return f"<M8[{t.unit}]"
+    if pa.types.is_time(t) or pa.types.is_duration(t):
+        return f"<m8[{t.unit}]"
+    return None
+
+
+def _storage(t: pa.DataType) -> pa.DataType:
+    while True:
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        elif isinstance(t, pa.BaseExtensionType):
+            t = t.storage_type
+        else:
+            return t
+
+
+def type_node(t: pa.DataType) -> dict[str, Any]:
+    """The record format's type tree (``samplecache.nested``) of an Arrow type, or UnsupportedColumn."""
+    t = _storage(t)
+    dtype = _prim_dtype(t)
+    if dtype is not None:
+        node: dict[str, Any] = {"t": "prim", "dtype": dtype}
+        if pa.types.is_timestamp(t) and t.tz:
+            node["tz"] = t.tz
+        return node
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return {"t": "string"}
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return {"t": "binary"}
+    if pa.types.is_fixed_size_binary(t) and not pa.types.is_decimal(t):
+        return {"t": "fixed_binary", "width": t.byte_width}
+    if pa.types.is_decimal(t):
+        return {"t": "decimal", "width": t.byte_width, "scale": t.scale}
+    if pa.types.is_null(t):
+        return {"t": "null"}
+    if pa.types.is_fixed_size_list(t):
+        return {"t": "list", "size": t.list_size, "child": type_node(t.value_type)}
+    if pa.types.is_map(t):
+        return {"t": "map", "key": type_node(t.key_type), "value": type_node(t.item_type)}
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return {"t": "list", "child": type_node(t.value_type)}
+    if pa.types.is_struct(t):
+        return {"t": "struct", "fields": [[t.field(i).name, type_node(t.field(i).type)] for i in range(t.num_fields)]}
     raise UnsupportedColumn(f"type {t} is not supported")
 
 
-def column_for(field: pa.Field) -> Column:
+def column_for(field: pa.Field, info: dict[str, Any] | None = None) -> Column:
     """The record column for one Arrow field, or UnsupportedColumn."""
-    t = field.type
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return Column(field.name, "string", None, (), field.nullable)
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return Column(field.name, "binary", None, (), field.nullable)
+    node = type_node(field.type)
+    arrow = str(field.type)
+    if node["t"] in ("string", "binary", "fixed_binary"):
+        kind = "string" if node["t"] == "string" else "binary"
+        return Column(field.name, kind, None, (), field.nullable, {"t": kind}, None, arrow, info)
     shape: list[int] = []
-    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        shape.append(t.list_size if pa.types.is_fixed_size_list(t) else -1)
-        t = t.value_type
-    dtype = _leaf_dtype(t)
+    leaf = node
+    while leaf["t"] == "list":
+        shape.append(int(leaf.get("size", -1)))
+        leaf = leaf["child"]
+    if leaf["t"] != "prim":
+        return Column(field.name, "nested", None, (), field.nullable, node, None, arrow, info)
     kind = "list" if -1 in shape else "fixed"
-    return Column(field.name, kind, dtype, tuple(shape), field.nullable)
+    return Column(field.name, kind, leaf["dtype"], tuple(shape), field.nullable, node, leaf.get("tz"), arrow, info)
+
+
+def hf_features(arrow_schema: pa.Schema) -> dict[str, dict[str, Any]]:
+    """{column: info} from the Hugging Face ``datasets`` features in the schema metadata: the feature's
+    type (Image, Audio, ClassLabel, Sequence...) and a ClassLabel's names."""
+    raw = (arrow_schema.metadata or {}).get(b"huggingface")
+    if not raw:
+        return {}
+    try:
+        features = json.loads(raw).get("info", {}).get("features", {}) or {}
+    except (ValueError, AttributeError):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, feat in features.items():
+        if not isinstance(feat, dict):
+            continue
+        info: dict[str, Any] = {"hf_feature": feat.get("_type", "Sequence" if "feature" in feat else "dict")}
+        if feat.get("_type") == "ClassLabel" and "names" in feat:
+            info["class_names"] = list(feat["names"])
+        out[name] = info
+    return out
 
 
 def infer_schema(arrow_schema: pa.Schema, columns: Sequence[str] | None = None) -> tuple[Schema, dict[str, str]]:
@@ -52,44 +123,136 @@ def infer_schema(arrow_schema: pa.Schema, columns: Sequence[str] | None = None) 
     missing = [c for c in wanted if c not in arrow_schema.names]
     if missing:
         raise UnsupportedColumn(f"columns {missing} are not in the source schema {arrow_schema.names}")
+    hf = hf_features(arrow_schema)
     cols, skipped = [], {}
     for name in wanted:
         try:
-            cols.append(column_for(arrow_schema.field(name)))
+            cols.append(column_for(arrow_schema.field(name), hf.get(name)))
         except UnsupportedColumn as e:
             if columns:
-                raise UnsupportedColumn(f"column {name!r}: {e}") from None
-            skipped[name] = str(e)
+                raise UnsupportedColumn(f"column {name!r} ({arrow_schema.field(name).type}): {e}") from None
+            skipped[name] = f"{arrow_schema.field(name).type}: {e}"
     if not cols:
-        raise UnsupportedColumn(f"no supported column in the source schema; skipped: {skipped}")
+        raise UnsupportedColumn("no column can be served: "
+                                + "; ".join(f"{k} ({v})" for k, v in skipped.items()))
     return Schema(tuple(cols)), skipped
 
 
+class _Irregular(Exception):
+    """A block of a fixed/list column with null elements or ragged rows: it takes the nested layout."""
+
+
+def _plain(arr: Any) -> pa.Array:
+    """One Arrow array in its plain storage form (chunks combined, dictionaries decoded, views cast)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    while True:
+        t = arr.type
+        if pa.types.is_dictionary(t):
+            arr = arr.dictionary_decode()
+        elif isinstance(arr, pa.ExtensionArray) or isinstance(t, pa.BaseExtensionType):
+            arr = arr.storage
+        elif pa.types.is_string_view(t):
+            arr = arr.cast(pa.large_string())
+        elif pa.types.is_binary_view(t):
+            arr = arr.cast(pa.large_binary())
+        elif pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+            arr = _unview(arr)
+        else:
+            return arr
+
+
+def _unview(arr: pa.Array) -> pa.Array:
+    """A list view as a large list (pyarrow's own cast gets the last offset wrong in some versions)."""
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False), np.int64)
+    offsets = np.zeros(len(arr) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pc.list_flatten(arr), type=pa.large_list(arr.type.value_field),
+                                         mask=arr.is_null() if arr.null_count else None)
+
+
+def _valid(arr: pa.Array) -> np.ndarray | None:
+    if arr.null_count == 0:
+        return None
+    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
+
+
 def _primitive(arr: pa.Array, dtype: str) -> np.ndarray:
+    """Values of a fixed-width array as ``dtype`` (0 / False under nulls)."""
+    arr = _plain(arr)
+    dt = np.dtype(dtype)
+    if dt.kind in "Mm":
+        arr = arr.view(pa.int32() if arr.type.bit_width == 32 else pa.int64())
+        if arr.null_count:
+            arr = arr.fill_null(0)
+        return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64).view(dt)
     if arr.null_count:
         arr = arr.fill_null(False if dtype == "|b1" else 0)
-    if pa.types.is_temporal(arr.type):
-        arr = arr.cast(pa.int32() if dtype == "<i4" else pa.int64())
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
+def _offsets(arr: pa.Array) -> np.ndarray:
+    return np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def nested_buffers(arr: Any, node: Mapping[str, Any], out: list[np.ndarray | None] | None = None
+                   ) -> list[np.ndarray | None]:
+    """The buffers of ``arr`` in the nested layout (``samplecache.nested``), depth first."""
+    out = [] if out is None else out
+    t = node["t"]
+    if t == "null":
+        return out
+    arr = _plain(arr)
+    n = len(arr)
+    out.append(_valid(arr))
+    if t == "prim":
+        out.append(_primitive(arr, node["dtype"]))
+    elif t in ("string", "binary"):
+        cd = _bytes_like(arr)
+        out.extend((cd.offsets, cd.data))
+    elif t in ("fixed_binary", "decimal"):
+        w = int(node["width"])
+        buf = arr.buffers()[1]
+        out.append(np.frombuffer(buf, np.uint8, n * w, arr.offset * w) if n else np.zeros(0, np.uint8))
+    elif t == "list" and "size" in node:
+        k = int(node["size"])
+        nested_buffers(arr.values.slice(arr.offset * k, n * k), node["child"], out)
+    elif t == "list":
+        offs = _offsets(arr)
+        out.append(offs - offs[0])
+        nested_buffers(arr.values.slice(offs[0], offs[-1] - offs[0]), node["child"], out)
+    elif t == "struct":
+        for i in range(len(node["fields"])):
+            nested_buffers(arr.field(i), node["fields"][i][1], out)
+    elif t == "map":
+        offs = _offsets(arr)
+        out.append(offs - offs[0])
+        nested_buffers(arr.keys.slice(offs[0], offs[-1] - offs[0]), node["key"], out)
+        nested_buffers(arr.items.slice(offs[0], offs[-1] - offs[0]), node["value"], out)
+    else:
+        raise UnsupportedColumn(f"type node {t!r} is not supported")
+    return out
+
+
 def _nested(arr: pa.Array, col: Column) -> ColumnData:
-    """Flatten (fixed-size) lists: leaf values, per-row leaf offsets and per-row shapes.
+    """Flatten (fixed-size) lists of numbers: leaf values, per-row leaf offsets and per-row shapes;
+    _Irregular when an element inside is null or a row is ragged.
 
     ``starts`` are logical indices into the current level: row i covers
     elements ``[starts[i], starts[i+1])``.
     """
     n = len(arr)
-    valid = None if arr.null_count == 0 else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
+    valid = _valid(arr)
     starts = np.arange(n + 1, dtype=np.int64)
     dims: list[np.ndarray] = []
     cur = arr
     for size in col.shape:
+        cur = _plain(cur)
         if size >= 0:  # fixed_size_list: element j -> children [(offset + j) * size, ...)
             dims.append(np.full(n, size, dtype=np.int32))
             starts = (starts + cur.offset) * size
         else:
-            offs = np.asarray(cur.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+            offs = _offsets(cur)
             lens = np.diff(offs)[: starts[-1]]
             nz = np.diff(starts) > 0
             dim = np.zeros(n, dtype=np.int32)
@@ -97,11 +260,13 @@ def _nested(arr: pa.Array, col: Column) -> ColumnData:
                 idx = starts[:-1][nz]
                 lo, hi = np.minimum.reduceat(lens, idx), np.maximum.reduceat(lens, idx)
                 if np.any(lo != hi):
-                    raise UnsupportedColumn(f"column {col.name!r} has a ragged nested list in a row")
+                    raise _Irregular(f"column {col.name!r} has a ragged nested list in a row")
                 dim[nz] = lo
             dims.append(dim)
             starts = offs[starts]
         cur = cur.values
+        if cur.slice(starts[0], starts[-1] - starts[0]).null_count:
+            raise _Irregular(f"column {col.name!r} has null elements")
     leaf = _primitive(cur.slice(starts[0], starts[-1] - starts[0]), col.dtype or "<f4")
     if col.kind == "fixed":
         return ColumnData(data=leaf.reshape((n,) + col.shape), valid=valid)
@@ -110,9 +275,8 @@ def _nested(arr: pa.Array, col: Column) -> ColumnData:
 
 
 def _bytes_like(arr: pa.Array) -> ColumnData:
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_decode()
-    valid = None if arr.null_count == 0 else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
+    arr = _plain(arr)
+    valid = _valid(arr)
     target = pa.large_string() if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) else pa.large_binary()
     arr = arr.cast(target)
     bufs = arr.buffers()
@@ -121,18 +285,19 @@ def _bytes_like(arr: pa.Array) -> ColumnData:
     return ColumnData(data=data[offs[0]:offs[-1]], offsets=offs - offs[0], valid=valid)
 
 
-def column_data(arr: pa.Array, col: Column) -> ColumnData:
+def column_data(arr: Any, col: Column) -> ColumnData:
     """Encoder input for one column of a table slice."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
+    arr = _plain(arr)
     if col.kind in ("string", "binary"):
         return _bytes_like(arr)
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_decode()
     if col.kind == "fixed" and not col.shape:
-        valid = None if arr.null_count == 0 else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
-        return ColumnData(data=_primitive(arr, col.dtype or "<f4"), valid=valid)
-    return _nested(arr, col)
+        return ColumnData(data=_primitive(arr, col.dtype or "<f4"), valid=_valid(arr))
+    if col.kind in ("fixed", "list"):
+        try:
+            return _nested(arr, col)
+        except _Irregular:
+            pass
+    return ColumnData(data=np.zeros(0, np.uint8), tree=nested_buffers(arr, col.type_node()))
 
 
 def encode_table(table: pa.Table, schema: Schema, block_bytes: int = DEFAULT_BLOCK_BYTES) -> tuple[list[bytearray], int]:

@@ -14,18 +14,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from samplecache.service.errors import Conflict, Gone, NotReady
 from samplecache.record import FORMAT_VERSION
 from samplecache.service.catalog import Catalog, Shard
 from samplecache.service.leases import LeaseTable
 from samplecache.service.writer import Writer
-
-
-class EpochError(Exception):
-    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.retry_after = retry_after
 
 
 def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) -> list[Shard]:
@@ -33,7 +26,8 @@ def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) 
     if max_samples <= 0 or sum(s.rows for s in shards) <= max_samples:
         return shards
     order = np.random.default_rng([seed, epoch, 7]).permutation(len(shards))
-    picked, rows = [], 0
+    picked: list[Shard] = []
+    rows = 0
     for i in order:
         s = shards[int(i)]
         if picked and rows + s.rows > max_samples:
@@ -44,7 +38,8 @@ def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) 
 
 
 def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb_path: str,
-                   map_size: int, seed: int, source: str, previous: set[int], remote_bytes: int = 0) -> dict[str, Any]:
+                   map_size: int, seed: int, source: str, previous: set[int], remote_bytes: int = 0,
+                   skipped_columns: dict[str, str] | None = None) -> dict[str, Any]:
     """The manifest of ``epoch``: shards in id (= age) order."""
     rows = sum(s.rows for s in shards)
     return {
@@ -55,6 +50,7 @@ def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb
         "lmdb_path": lmdb_path,
         "map_size": map_size,
         "schema": schema,
+        "skipped_columns": dict(skipped_columns or {}),  # source columns left out, and why
         "sealed_at": time.time(),
         "samples": rows,
         "bytes": sum(s.bytes for s in shards),
@@ -83,6 +79,12 @@ class EpochManager:
         self._ids: dict[int, frozenset[int]] = {}
         self._sealed_from: dict[int, tuple[Any, ...]] = {}  # the latest uncapped epoch -> what it was made from
         self.reuse_key: Callable[[], tuple[Any, ...]] = tuple  # settings that change what an epoch names
+        self.keep_last = 0  # manifests kept besides pinned and job-mapped ones (0: all)
+        self.job_epochs: Callable[[], set[int]] = set  # daemon epochs that jobs map theirs to (kept)
+
+    def kept_epochs(self) -> set[int]:
+        """Epochs whose manifests must stay whatever their age: pinned (leases, a fresh seal) or job-mapped."""
+        return self.pinned_epochs() | self.job_epochs()
 
     def last_sealed(self) -> int:
         eps = self.catalog.epochs()
@@ -92,15 +94,20 @@ class EpochManager:
         got = self._ids.get(epoch)
         if got is None:
             raw = self.catalog.manifest_bytes(epoch)
-            got = frozenset(int(e[0]) for e in json.loads(raw)["shards"]) if raw else frozenset()
+            if not raw:
+                return frozenset()  # not sealed, or no longer kept: never cached as "no shards"
+            got = frozenset(int(e[0]) for e in json.loads(raw)["shards"])
             self._ids[epoch] = got
+            kept = set(self.catalog.epochs())
+            for e in [e for e in self._ids if e not in kept]:
+                del self._ids[e]
         return got
 
     def pinned_epochs(self) -> set[int]:
         sealed = set(self.catalog.epochs())
         pinned = {e for e in self.leases.epochs() | self.extra_pins() if e in sealed}
         last = self.last_sealed()
-        sealed_at = (self.catalog.meta("epoch_summaries", {}) or {}).get(str(last), {}).get("sealed_at", 0)
+        sealed_at = self.catalog.summary(last).get("sealed_at", 0)
         if last >= 0 and time.time() - sealed_at < self.leases.default_ttl:
             pinned.add(last)
         return pinned
@@ -116,7 +123,7 @@ class EpochManager:
         deadline = time.monotonic() + min(max(timeout, 0.0), self.wait_max)
         while self.catalog.resident_rows < min_samples:
             if time.monotonic() >= deadline:
-                raise EpochError(503, f"epoch {epoch} needs at least {min_samples} samples; the cache holds "
+                raise NotReady(f"epoch {epoch} needs at least {min_samples} samples; the cache holds "
                                       f"{self.catalog.resident_rows} so far (warming up): retry later",
                                  retry_after=2.0)
             await asyncio.sleep(0.05)
@@ -136,7 +143,7 @@ class EpochManager:
             chosen = select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch)
             return build_manifest(epoch, chosen, previous=previous, **fields)
 
-        raw = await asyncio.wrap_future(self.writer.seal(epoch, build))
+        raw = await asyncio.wrap_future(self.writer.seal(epoch, build, self.keep_last, self.kept_epochs))
         self._sealed_from = {epoch: key} if cap <= 0 else {}
         self.on_new_epoch(epoch)
         return raw
@@ -149,17 +156,19 @@ class EpochManager:
             return raw
         last = self.last_sealed()
         if epoch > last + 1:
-            raise EpochError(409, f"epoch {epoch} cannot be sealed yet: the last sealed epoch is {last}, "
+            raise Conflict(f"epoch {epoch} cannot be sealed yet: the last sealed epoch is {last}, "
                                   f"so the next one is {last + 1}")
         if epoch <= last:
-            raise EpochError(404, f"epoch {epoch} was never sealed (epochs start at {self.catalog.epochs()[0]})")
+            raise Gone(f"epoch {epoch} is no longer kept: the daemon keeps the last {self.keep_last} "
+                                  f"sealed epochs and those leased or mapped by a job (kept now: from "
+                                  f"{self.catalog.epochs()[0]} to {last}); start from a newer epoch")
         await self._warm(epoch, min_samples, timeout)
         async with self._lock:
             raw = self.catalog.manifest_bytes(epoch)
             if raw is not None:
                 return raw
             if self.last_sealed() != epoch - 1:
-                raise EpochError(409, f"epoch {epoch} cannot be sealed: the last sealed epoch is {self.last_sealed()}")
+                raise Conflict(f"epoch {epoch} cannot be sealed: the last sealed epoch is {self.last_sealed()}")
             return await self._seal(epoch, self.max_samples if max_samples is None else max_samples)
 
     async def seal_new(self, min_samples: int = 1, timeout: float = 30.0, max_samples: int | None = None) -> int:
@@ -171,7 +180,7 @@ class EpochManager:
         await self._warm(self.last_sealed() + 1, min_samples, timeout)
         async with self._lock:
             last = self.last_sealed()
-            summary = (self.catalog.meta("epoch_summaries", {}) or {}).get(str(last), {})
+            summary = self.catalog.summary(last)
             if cap <= 0 and self._sealed_from.get(last) == self._made_from() \
                     and int(summary.get("samples", 0)) >= max(1, min_samples):
                 self.on_new_epoch(last)  # a new job epoch starts on it: one more share of replacement

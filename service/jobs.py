@@ -25,6 +25,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
+from samplecache.service.errors import Conflict, NotFound, ServiceError
+
 log = logging.getLogger("samplecache.jobs")
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -32,14 +34,6 @@ RUN_PATTERN = r"^[0-9a-f]{8,32}$"
 JOBS_KEPT = 200  # expired jobs beyond this are forgotten, oldest first
 EPOCHS_KEPT = 100  # per job: older epoch mappings are forgotten
 SUPERSEDED_KEPT = 16
-
-
-class JobError(Exception):
-    """A job request that cannot be served; ``status`` is the HTTP code the edge maps it to."""
-
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status, self.message, self.extra = status, message, extra
 
 
 @dataclass
@@ -100,10 +94,10 @@ class JobTable:
         with self._lock:
             return [j.to_json() for j in self._jobs.values()]
 
-    def _unknown(self, name: str) -> JobError:
+    def _unknown(self, name: str) -> ServiceError:
         known = sorted(self._jobs)
         shown = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
-        return JobError(404, f"no job named {name!r}; known jobs: {shown or 'none'}", known=known[:100])
+        return NotFound(f"no job named {name!r}; known jobs: {shown or 'none'}", known=known[:100])
 
     # -- runs --------------------------------------------------------------------------------
     def attach(self, name: str, run: str, resume: bool = False) -> Job:
@@ -133,8 +127,8 @@ class JobTable:
             return job
 
     @staticmethod
-    def _taken_over(job: Job) -> JobError:
-        return JobError(409, f"job {job.name!r} was taken over by a newer run (a restart or another trainer with "
+    def _taken_over(job: Job) -> ServiceError:
+        return Conflict(f"job {job.name!r} was taken over by a newer run (a restart or another trainer with "
                              f"the same job name): two runs cannot share a job; give this one another job name")
 
     def job(self, name: str, run: str | None = None) -> Job:
@@ -146,7 +140,7 @@ class JobTable:
             if run is not None and run != job.run:
                 if run in job.superseded:
                     raise self._taken_over(job)
-                raise JobError(409, f"run {run!r} has not attached to job {name!r}: POST /v1/jobs first")
+                raise Conflict(f"run {run!r} has not attached to job {name!r}: POST /v1/jobs first")
             if run is not None:  # a request of the job's own run keeps it alive; an inspection does not
                 job.last_seen, job.expired = self.clock(), False
             return job
@@ -180,6 +174,11 @@ class JobTable:
         with self._lock:
             return {job.epochs[e] for job in self._jobs.values() if not job.expired
                     for e, t in job.mapped_at.items() if now - t < self.ttl and e in job.epochs}
+
+    def mapped(self) -> set[int]:
+        """Daemon epochs the jobs that have not expired map their epochs to (kept while they may resume)."""
+        with self._lock:
+            return {de for job in self._jobs.values() if not job.expired for de in job.epochs.values()}
 
     def expire(self, leased: set[str]) -> list[Job]:
         """Jobs with no live lease (names in ``leased`` have one) and no request for the TTL expire."""

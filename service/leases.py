@@ -15,14 +15,10 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
+from samplecache.service.errors import Gone, Invalid, NotFound, ServiceError
+
 
 EXPIRED_KEPT = 10_000
-
-
-class LeaseError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 @dataclass
@@ -60,12 +56,12 @@ class LeaseTable:
             self._expired.popitem(last=False)
         self.expired_total += 1
 
-    def _missing(self, epoch: int, lease_id: str, now: float) -> LeaseError:
+    def _missing(self, epoch: int, lease_id: str, now: float) -> ServiceError:
         gone = self._expired.get(lease_id)
         if gone is not None and gone.epoch == epoch:
-            return LeaseError(410, f"lease {lease_id!r} on epoch {epoch} expired {now - gone.expires_at:.1f}s "
+            return Gone(f"lease {lease_id!r} on epoch {epoch} expired {now - gone.expires_at:.1f}s "
                                    f"ago; its shards may be evicted: take a new lease")
-        return LeaseError(404, f"no lease {lease_id!r} on epoch {epoch} (released or never taken)")
+        return NotFound(f"no lease {lease_id!r} on epoch {epoch} (released or never taken)")
 
     def load(self, saved: Iterable[dict[str, Any]]) -> None:
         now = self.clock()
@@ -79,7 +75,7 @@ class LeaseTable:
              run: str | None = None, job_epoch: int | None = None) -> Lease:
         ttl = self.default_ttl if ttl is None else ttl
         if not 0 < ttl <= self.max_ttl:
-            raise LeaseError(422, f"ttl must be in (0, {self.max_ttl}] seconds, not {ttl}")
+            raise Invalid(f"ttl must be in (0, {self.max_ttl}] seconds, not {ttl}")
         now = self.clock()
         lease = Lease(secrets.token_hex(8), epoch, ttl, now + ttl, now, holder, job, run, job_epoch)
         with self._lock:

@@ -2,15 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
+from samplecache.service.eviction import POLICIES
 from samplecache.service.jobs import NAME_PATTERN, RUN_PATTERN
+from samplecache.service.settings import Pacing
+
+# Request bodies: no extra fields, no coercion (``true`` is not 1, ``9899.0`` is not an int).
+STRICT = ConfigDict(extra="forbid", strict=True)
+BIG = 2**62  # the largest count or number a request may name
+# A size as text: digits, an optional fraction, an optional unit (B, kB, MB, ..., KiB, MiB, ..., case-insensitive).
+UNIT = "([kKmMgGtTpPeE]([iI][bB]|[bB])?|[bB])?"
+SIZE_PATTERN = rf"^ ?[0-9]{{1,12}}(\.[0-9]{{1,6}})? ?{UNIT} ?$"
+Size = Annotated[int, Field(ge=0, le=BIG)] | Annotated[str, Field(pattern=SIZE_PATTERN, max_length=32)]
+# A budget is at least one byte: no zero, no fraction that could round to it.
+Budget = Annotated[int, Field(ge=1, le=BIG)] | Annotated[str, Field(pattern=rf"^ ?[1-9][0-9]{{0,14}} ?{UNIT} ?$",
+                                                                   max_length=32)]
 
 
 class Problem(BaseModel):
+    """Every 4xx (and 503) reply: what went wrong, naming the field or thing, never echoing a sent value."""
+
     detail: str = Field(description="What went wrong, in words")
+    next_epoch: int | None = Field(None, description="With a 410 for a job's epoch: the job epoch to go on at")
+    known: list[str] | None = Field(None, description="With a 404 for a job: the jobs the daemon knows (100 at most)")
+
+
+def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """A route's ``responses``: each status code answered with a ``Problem``."""
+    return {code: {"model": Problem} for code in codes}
+
+
+class AuthStatus(BaseModel):
+    required: bool = Field(description="Requests that change state need 'Authorization: Bearer <token>'")
+    token_file: str | None = Field(description="The file that holds the token (readable by the cache dir's "
+                                               "group), for clients on this host; None with --token or auth off")
 
 
 class Health(BaseModel):
@@ -87,8 +116,12 @@ class Status(BaseModel):
     pinned_epochs: list[int]
     lmdb: dict[str, int] = Field(description="LMDB file size on disk, pages in use, map size")
     quarantined: list[Quarantined]
+    skipped_columns: dict[str, str] = Field(default_factory=dict, description="Source columns left out, and why")
     coverage: dict[str, Any] | None
     settings: dict[str, Any]
+    auth: AuthStatus = Field(description="Whether mutations need the token, and where a client on this host reads it")
+    health: dict[str, Any] = Field(default_factory=dict, description="Problems (what /healthz reports), failures per "
+                                   "background thread, failed sampling tasks per cause")
 
 
 class SchemaOut(BaseModel):
@@ -98,12 +131,26 @@ class SchemaOut(BaseModel):
     arrow_schema: str | None = None
 
 
+# A lease for a job names the job's run and epoch too (said in the OpenAPI as well as checked).
+_JOB_LEASE: JsonDict = {"if": {"properties": {"job": {"type": "string"}}, "required": ["job"]},
+                        "then": {"properties": {"run": {"type": "string"}, "job_epoch": {"type": "integer"}},
+                                 "required": ["run", "job_epoch"]}}
+
+
 class LeaseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_JOB_LEASE)
+
     job: str | None = Field(None, pattern=NAME_PATTERN, description="The job whose reader takes the lease")
     run: str | None = Field(None, pattern=RUN_PATTERN, description="The job's run (checked: a replaced run gets 409)")
-    job_epoch: int | None = Field(None, ge=0, le=2**62, description="The job's epoch number for this daemon epoch")
+    job_epoch: int | None = Field(None, ge=0, le=BIG, description="The job's epoch number for this daemon epoch")
     ttl: float | None = Field(None, gt=0, le=3600, description="Seconds without a heartbeat before it expires (default: --lease-ttl)")
     holder: str | None = Field(None, max_length=200, description="Free text naming the reader (host, rank, worker)")
+
+    @model_validator(mode="after")
+    def _job_lease(self) -> "LeaseIn":
+        if self.job is not None and (self.run is None or self.job_epoch is None):
+            raise ValueError("a lease for a job needs its run and job_epoch too")
+        return self
 
 
 class LeaseOut(BaseModel):
@@ -119,11 +166,13 @@ class LeaseOut(BaseModel):
 
 
 class HeartbeatIn(BaseModel):
-    read: int | None = Field(None, ge=0, le=2**62, description="Samples this reader has read so far")
+    model_config = STRICT
+
+    read: int | None = Field(None, ge=0, le=BIG, description="Samples this reader has read so far")
 
 
 class JobIn(BaseModel):
-    model_config = {"extra": "forbid"}
+    model_config = STRICT
 
     name: str = Field(pattern=NAME_PATTERN, description="The job's name (letters, digits, '.', '_', '-'; at most 64)")
     run: str = Field(pattern=RUN_PATTERN, description="Random id shared by every process of one run")
@@ -160,8 +209,10 @@ class JobEpochMap(BaseModel):
 
 class ShardOut(BaseModel):
     id: int
-    path: str
-    row_group: int
+    path: str = Field(description="The remote file the shard's rows come from")
+    row_group: int = Field(description="Its first row group")
+    row_groups: int = Field(1, description="Consecutive row groups of the unit, from row_group")
+    first_row: int = Field(-1, description="Row of the file that is the shard's sample 0 (sample j is row first_row + j)")
     rows: int
     bytes: int
     created: float
@@ -182,15 +233,16 @@ class SamplerControl(BaseModel):
 
 
 class ConfigIn(BaseModel):
-    model_config = {"extra": "forbid"}
+    model_config = STRICT
 
-    max_bytes: int | str | None = Field(None, description="New budget: bytes or a size such as '500GB', '2GiB'")
-    eviction_policy: str | None = Field(None, description="fifo, random or lru")
-    min_free_disk: int | str | None = Field(None, description="Bytes or a size")
-    epoch_max_samples: int | None = Field(None, ge=0, description="Cap on the samples of an epoch (0: none)")
-    pacing: str | None = Field(None, description="epoch or off")
+    max_bytes: Budget | None = Field(None, description="New budget: bytes or a size such as '500GB', '2GiB'")
+    eviction_policy: str | None = Field(None, pattern=f"^({'|'.join(sorted(POLICIES))})$",
+                                        description=f"{', '.join(sorted(POLICIES))}")
+    min_free_disk: Size | None = Field(None, description="Bytes or a size")
+    epoch_max_samples: int | None = Field(None, ge=0, le=BIG, description="Cap on the samples of an epoch (0: none)")
+    pacing: Pacing | None = Field(None, description="epoch or off")
     replace_per_epoch: float | None = Field(None, ge=0.0, le=1.0, description="Share of the budget replaced per sealed epoch, 0 to 1")
-    max_ingest_rate: int | str | None = Field(None, description="Remote bytes per second at most: bytes or a size (0: no cap)")
+    max_ingest_rate: Size | None = Field(None, description="Remote bytes per second at most: bytes or a size (0: no cap)")
 
 
 class ConfigOut(BaseModel):

@@ -16,7 +16,7 @@ import hashlib
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -24,8 +24,34 @@ import numpy as np
 @dataclass(frozen=True)
 class Unit:
     path: str
-    row_group: int
+    row_group: int   # the first row group
     rows: int
+    row_groups: int = 1  # how many consecutive row groups (tiny ones are read together)
+
+
+COALESCE_MIN_GROUPS = 64  # only files of more row groups than this have their tiny row groups read together
+
+
+def plan_units(rows: Sequence[int], sizes: Sequence[int], unit_bytes: int) -> list[list[int]]:
+    """[first row group, row groups, rows] per unit of one file.
+
+    A unit is one row group (a large one is read in slices by the sampler), except in files of more than
+    ``COALESCE_MIN_GROUPS`` row groups: there consecutive row groups are read together while their footer
+    sizes add up to at most ``unit_bytes / 64`` (1 MiB by default), so 10,000 tiny row groups are not
+    10,000 tasks."""
+    if len(rows) <= COALESCE_MIN_GROUPS:
+        return [[g, 1, int(n)] for g, n in enumerate(rows)]
+    limit = max(1, unit_bytes // 64)
+    units: list[list[int]] = []
+    for g, n in enumerate(rows):
+        size = int(sizes[g]) if g < len(sizes) else limit
+        if units and units[-1][3] + size <= limit:
+            units[-1][1] += 1
+            units[-1][2] += int(n)
+            units[-1][3] += size
+        else:
+            units.append([g, 1, int(n), size])
+    return [u[:3] for u in units]
 
 
 @dataclass(frozen=True)
@@ -40,10 +66,12 @@ def build_units(files: Mapping[str, Mapping[str, Any]]) -> list[Unit]:
 
     Quarantined files keep their units (indices stay stable); the daemon skips them.
     """
-    units = []
+    units: list[Unit] = []
     for path in sorted(files, key=lambda p: (int(files[p].get("seq", 0)), p)):
-        rows = files[path].get("row_groups", [])
-        units.extend(Unit(path, i, int(n)) for i, n in enumerate(rows))
+        planned = files[path].get("units")
+        if planned is None:
+            planned = [[i, 1, int(n)] for i, n in enumerate(files[path].get("row_groups", []))]
+        units.extend(Unit(path, int(g), int(n), int(c)) for g, c, n in planned)
     return units
 
 
@@ -54,7 +82,7 @@ def node_of(unit: Unit, num_nodes: int) -> int:
 def digest(units: Sequence[Unit]) -> str:
     h = hashlib.sha256()
     for u in units:
-        h.update(f"{u.path}\0{u.row_group}\0{u.rows}\n".encode())
+        h.update(f"{u.path}\0{u.row_group}\0{u.rows}\0{u.row_groups}\n".encode())
     return h.hexdigest()[:16]
 
 
@@ -177,10 +205,12 @@ class Planner:
         with self._lock:
             return self._cursor(self.low, self.ahead)
 
-    def coverage(self) -> dict[str, Any]:
-        """Fraction of this node's units and rows sampled at least once (recomputed only on change)."""
+    def coverage(self, left_out: Callable[[Unit], bool] | None = None, version: int = 0) -> dict[str, Any]:
+        """Fraction of this node's units and rows sampled at least once (recomputed only on change). Units
+        ``left_out`` says are unreadable (their file is quarantined) never count as sampled; ``version`` changes
+        whenever its answers may."""
         with self._lock:
-            key = (self.cycle, self.low, len(self.ahead), len(self.units))
+            key = (self.cycle, self.low, len(self.ahead), len(self.units), version)
             if self._coverage is not None and self._coverage[0] == key:
                 return dict(self._coverage[1])
             total_rows = sum(u.rows for u in self.units)
@@ -189,10 +219,13 @@ class Planner:
                 covered = set(range(self._first_pass_units)) | {int(self._order[p]) for p in done_pos}
             else:
                 covered = {int(self._order[p]) for p in done_pos}
+            out = {i for i, u in enumerate(self.units) if left_out(u)} if left_out is not None else set()
+            covered -= out
             done_units = len(covered)
             done_rows = sum(self.units[u].rows for u in covered)
             self._coverage = (key, {"cycle": self.cycle, "units": len(self.units), "units_sampled": done_units,
                     "rows": total_rows, "rows_sampled": done_rows,
+                    "units_left_out": len(out), "rows_left_out": sum(self.units[u].rows for u in out),
                     "unit_fraction": done_units / len(self.units) if self.units else 0.0,
                     "row_fraction": done_rows / total_rows if total_rows else 0.0,
                     "remote_units": self.all_units, "node_rank": self.node_rank, "num_nodes": self.num_nodes})

@@ -2,48 +2,51 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from samplecache.service.control import ConfigError, configure
 from samplecache.service.deps import DaemonDep, TokenDep
+from samplecache.service.errors import Invalid
 from samplecache.service.status import sampler_state
-from samplecache.service.models import ConfigIn, ConfigOut, Problem, SamplerControl, ShardPage
+from samplecache.service.redact import redact
+from samplecache.service.models import BIG, ConfigIn, ConfigOut, SamplerControl, ShardPage, problems
 
 router = APIRouter(tags=["control"])
-ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (401, 409, 422)}
 _SIZE = TypeAdapter(ByteSize)
 
 
-@router.get("/v1/shards", response_model=ShardPage)
-async def shards(d: DaemonDep, offset: Annotated[int, Query(ge=0)] = 0,
+@router.get("/v1/shards", response_model=ShardPage, responses=problems(422))
+async def shards(d: DaemonDep, offset: Annotated[int, Query(ge=0, le=BIG)] = 0,
                  limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
     """Resident shards, oldest first."""
     all_shards = d.catalog.shards()
     pinned = d.epochs.pinned_shards()
     page = all_shards[offset:offset + limit]
     return {"total": len(all_shards), "offset": offset, "limit": limit,
-            "shards": [{"id": s.id, "path": s.path, "row_group": s.row_group, "rows": s.rows, "bytes": s.bytes,
+            "shards": [{"id": s.id, "path": redact(s.path), "row_group": s.row_group, "row_groups": s.row_groups,
+                        "first_row": s.first_row, "rows": s.rows, "bytes": s.bytes,
                         "created": s.created, "last_used_epoch": s.last_used_epoch, "pinned": s.id in pinned}
                        for s in page]}
 
 
 def _control(d: Any) -> dict[str, Any]:
-    d.paused_reason = d._why_not_sample() if d.planner is not None else d.paused_reason
     return {"paused": d.user_paused, "state": sampler_state(d)}
 
 
-@router.post("/v1/samplers/pause", response_model=SamplerControl, responses=ERRORS, dependencies=[TokenDep])
+@router.post("/v1/samplers/pause", response_model=SamplerControl, responses=problems(401, 413),
+             dependencies=[TokenDep])
 async def pause(d: DaemonDep) -> Any:
-    d.user_paused = True
+    await asyncio.wrap_future(d.set_paused(True))
     return _control(d)
 
 
-@router.post("/v1/samplers/resume", response_model=SamplerControl, responses=ERRORS, dependencies=[TokenDep])
+@router.post("/v1/samplers/resume", response_model=SamplerControl, responses=problems(401, 413),
+             dependencies=[TokenDep])
 async def resume(d: DaemonDep) -> Any:
-    d.user_paused = False
+    await asyncio.wrap_future(d.set_paused(False))
     return _control(d)
 
 
@@ -59,9 +62,9 @@ def _size(name: str, v: int | str | None) -> int | None:
     try:
         n = int(_SIZE.validate_python(v))
     except ValidationError:
-        raise HTTPException(422, f"{name}: cannot read {v!r} as a size (e.g. 500GB, 2GiB, 1048576)") from None
+        raise Invalid(f"{name}: not a size (e.g. 500GB, 2GiB, 1048576)") from None
     if n < 0:
-        raise HTTPException(422, f"{name} must not be negative")
+        raise Invalid(f"{name} must not be negative")
     return n
 
 
@@ -70,15 +73,12 @@ async def get_config(d: DaemonDep) -> Any:
     return _config(d)
 
 
-@router.patch("/v1/config", response_model=ConfigOut, responses=ERRORS, dependencies=[TokenDep])
+@router.patch("/v1/config", response_model=ConfigOut, responses=problems(400, 401, 409, 413, 422), dependencies=[TokenDep])
 async def patch_config(d: DaemonDep, body: ConfigIn) -> Any:
     """Change the budget, eviction policy, free-disk guard, epoch cap or pacing at runtime (until restart)."""
-    try:
-        configure(d, max_bytes=_size("max_bytes", body.max_bytes), policy=body.eviction_policy,
-                    min_free_disk=_size("min_free_disk", body.min_free_disk),
-                    epoch_max_samples=body.epoch_max_samples, pacing=body.pacing,
-                    replace_per_epoch=body.replace_per_epoch,
-                    max_ingest_rate=_size("max_ingest_rate", body.max_ingest_rate))
-    except ConfigError as e:
-        raise HTTPException(e.status, e.message) from None
+    await asyncio.wrap_future(d.configure(  # errors.Invalid / Conflict: mapped to statuses in api.py
+        max_bytes=_size("max_bytes", body.max_bytes), policy=body.eviction_policy,
+        min_free_disk=_size("min_free_disk", body.min_free_disk), epoch_max_samples=body.epoch_max_samples,
+        pacing=body.pacing, replace_per_epoch=body.replace_per_epoch,
+        max_ingest_rate=_size("max_ingest_rate", body.max_ingest_rate)))
     return _config(d)

@@ -1,7 +1,7 @@
 """The sampling task: runs in a sampler subprocess, never in the daemon.
 
-Reads one remote unit (a row group), encodes it into record blocks and writes a
-staging file. Every outcome comes back as a ``SampleResult`` value.
+Reads one remote unit (a row group, a run of tiny ones, or a large one in slices), encodes it into
+record blocks and writes one staging file per part of about ``part_bytes``. Every outcome comes back as a ``SampleResult`` value.
 """
 
 from __future__ import annotations
@@ -11,12 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from samplecache.record import Schema
 from samplecache.service.encoder import encode_table
 from samplecache.service.remote import FsspecRemote, classify_error
+from samplecache.service.schemas import SchemaConflict, conform, from_text
 from samplecache.service.staging import write_staged
 
 _REMOTES: dict[tuple[str, str], FsspecRemote] = {}
+_SCHEMAS: dict[str, pa.Schema] = {}
 
 
 @dataclass(frozen=True)
@@ -31,13 +35,16 @@ class SampleTask:
     block_bytes: int
     unit: int = 0                  # position of the unit in the planner's unit table
     cycle: int = 0                 # sampling pass
+    row_groups: int = 1            # consecutive row groups from ``row_group``
+    part_bytes: int = 64 << 20     # target decoded bytes of one shard
+    arrow_schema: str | None = None  # the dataset's unified Arrow schema (schemas.to_text)
 
 
 @dataclass
 class SampleResult:
     task: SampleTask
     ok: bool
-    staged: str | None = None
+    staged: str | None = None      # the last (or only) part
     rows: int = 0
     bytes: int = 0
     seconds: float = 0.0
@@ -45,6 +52,7 @@ class SampleResult:
     error: str | None = None
     remote_bytes: int = 0          # bytes fetched from the remote store for this task
     extra: dict[str, Any] = field(default_factory=dict)
+    parts: list[tuple[str, int]] = field(default_factory=list)  # (staging file, bytes) of every shard, in order
 
 
 def _remote(task: SampleTask) -> FsspecRemote:
@@ -54,8 +62,17 @@ def _remote(task: SampleTask) -> FsspecRemote:
     return _REMOTES[k]
 
 
+def _target(text: str | None, names: list[str]) -> pa.Schema | None:
+    if text is None:
+        return None
+    got = _SCHEMAS.get(text)
+    if got is None:
+        got = _SCHEMAS[text] = from_text(text)
+    return pa.schema([got.field(n) for n in names], metadata=got.metadata)
+
+
 def run_task(task: SampleTask) -> SampleResult:
-    """Read, encode and stage one unit. Never raises."""
+    """Read, encode and stage one unit, as one shard per part of about ``part_bytes``. Never raises."""
     t0 = time.perf_counter()
     remote = None
     before = 0
@@ -63,15 +80,43 @@ def run_task(task: SampleTask) -> SampleResult:
         remote = _remote(task)
         before = remote.bytes_read
         schema = Schema.from_json(task.schema)
-        table = remote.read_row_group(task.path, task.row_group, schema.names)
-        blocks, rows_per_block = encode_table(table, schema, task.block_bytes)
-        header = {"key": task.key, "path": task.path, "row_group": task.row_group, "unit": task.unit,
-                  "cycle": task.cycle, "rows": table.num_rows, "rows_per_block": rows_per_block}
-        staged = write_staged(Path(task.staging_dir), task.key, header, blocks)
-        return SampleResult(task=task, ok=True, staged=str(staged), rows=table.num_rows,
-                            bytes=sum(len(b) for b in blocks), seconds=time.perf_counter() - t0,
-                            remote_bytes=remote.bytes_read - before)
+        target = _target(task.arrow_schema, schema.names)
+        md = remote.footer(task.path)
+        first_row = sum(md.row_group(g).num_rows for g in range(task.row_group))
+        parts: list[tuple[str, int]] = []
+        rows = 0
+        pending = None
+        for table in remote.read_unit(task.path, task.row_group, task.row_groups, schema.names, task.part_bytes):
+            if pending is not None:
+                parts.append(_stage(task, pending, schema, first_row + rows - pending.num_rows, len(parts), False))
+            if target is not None:
+                try:
+                    table = conform(table, target)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+                    # read fine, but its values do not fit the dataset's unified type (uint64 beyond int64, ...)
+                    raise SchemaConflict(f"values do not fit the dataset's schema: {e}") from e
+            rows += table.num_rows
+            pending = table
+        if pending is not None:
+            parts.append(_stage(task, pending, schema, first_row + rows - pending.num_rows, len(parts), True))
+        return SampleResult(task=task, ok=True, staged=parts[-1][0] if parts else None, rows=rows,
+                            bytes=sum(b for _, b in parts), seconds=time.perf_counter() - t0,
+                            remote_bytes=remote.bytes_read - before, parts=parts)
     except Exception as e:  # every failure is a value; the supervisor decides what to do
+        for staged, _ in locals().get("parts", []):
+            Path(staged).unlink(missing_ok=True)  # the unit is sampled again whole: no part of it stays staged
         return SampleResult(task=task, ok=False, error_kind=classify_error(e),
                             error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0,
                             remote_bytes=remote.bytes_read - before if remote is not None else 0)
+
+
+def _stage(task: SampleTask, table: pa.Table, schema: Schema, first_row: int, part: int,
+           final: bool) -> tuple[str, int]:
+    """One part of the unit as a staging file (one shard): its provenance in the header."""
+    blocks, rows_per_block = encode_table(table, schema, task.block_bytes)
+    key = task.key if part == 0 and final else f"{task.key}-p{part}"
+    header = {"key": key, "path": task.path, "row_group": task.row_group, "row_groups": task.row_groups,
+              "first_row": first_row, "part": part, "final": final, "unit": task.unit, "cycle": task.cycle,
+              "rows": table.num_rows, "rows_per_block": rows_per_block}
+    staged = write_staged(Path(task.staging_dir), key, header, blocks)
+    return str(staged), sum(len(b) for b in blocks)

@@ -15,7 +15,10 @@ from samplecache.service.eviction import POLICIES
 
 
 Pacing = Literal["epoch", "off"]
+Auth = Literal["token", "off"]
 PACING: tuple[str, ...] = get_args(Pacing)
+MIN_PART_BYTES = 64 << 10  # the smallest shard target
+MIN_BUDGET = 4096  # the smallest max_bytes: one block
 _SIZE = re.compile(r"\s*\d*\.?\d+\s*[A-Za-z]*\s*")
 
 
@@ -35,7 +38,10 @@ class Settings(BaseSettings):
     samplers: int = Field(default_factory=default_samplers, ge=1, le=256, description="Sampler subprocesses (default: cores - 1)")
     host: str = Field("127.0.0.1", description="Address to listen on (loopback by default)")
     port: int = Field(8750, ge=0, le=65535, description="HTTP port")
-    token: str | None = Field(None, description="Bearer token required by endpoints that change state (unset: no token)")
+    token: str | None = Field(None, description="Bearer token required by endpoints that change state (unset: the token file's)")
+    auth: Auth = Field("token", description="token (requests that change state need the bearer token) or off (only on a loopback --host)")
+    token_file: Path | None = Field(None, description="File of the bearer token when --token is unset: reused, or created with a random token, mode 0640 (default: <cache_dir>/api-token)")
+    max_body_bytes: ByteSize = Field(ByteSize(2**20), description="Largest request body accepted (larger: 413, refused before it is read)")
     storage_options: Annotated[dict[str, Any], NoDecode] = Field(default_factory=dict, description="JSON object passed to fsspec (endpoint, credentials, ...)")
     columns: list[str] | None = Field(None, description="Sample only these columns (comma-separated; default: all supported)")
     seed: int = Field(0, ge=0, description="Seed of the remote sampling order (and of random eviction)")
@@ -50,7 +56,11 @@ class Settings(BaseSettings):
     num_nodes: int = Field(1, ge=1, description="How many hosts split the remote's row groups between them")
     node_rank: int = Field(0, ge=0, description="This host's part of the remote when several hosts share it")
     block_bytes: ByteSize = Field(ByteSize(2**20), description="Target size of one stored block of rows")
+    unit_bytes: ByteSize = Field(ByteSize(64 * 2**20), description="Target size of a shard: larger row groups are read in slices into several shards (a sampler holds about 2x this; at most 1/16 of max_bytes is used)")
+    schema_file: Path | None = Field(None, description="A Parquet or Arrow IPC file whose schema pins the dataset's (e.g. pq.write_table(schema.empty_table(), 'schema.parquet')); default: the files' schemas unified")
     epoch_wait_max: float = Field(600.0, gt=0, description="Longest wait (s) a manifest request may ask for with min_samples")
+    epochs_kept: int = Field(64, ge=1, le=1_000_000, description="Sealed epoch manifests kept besides those "
+                             "leased or mapped by a job (older ones are dropped; a GET of one answers 410)")
     retry_seconds: float = Field(5.0, gt=0, description="Back-off (s) after the remote is unreachable")
     log_level: str = Field("info", description="Log level: debug, info, warning, error")
 
@@ -75,7 +85,8 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown eviction policy {v!r}; choose one of {', '.join(sorted(POLICIES))}")
         return v
 
-    @field_validator("max_bytes", "min_free_disk", "block_bytes", "max_ingest_rate", mode="before")
+    @field_validator("max_bytes", "min_free_disk", "block_bytes", "unit_bytes", "max_ingest_rate", "max_body_bytes",
+                     mode="before")
     @classmethod
     def _whole_size(cls, v: Any) -> Any:
         if isinstance(v, str) and not _SIZE.fullmatch(v):
@@ -89,7 +100,25 @@ class Settings(BaseSettings):
             raise ValueError("must be positive")
         return v
 
-    @field_validator("block_bytes")
+    @field_validator("max_body_bytes")
+    @classmethod
+    def _body(cls, v: ByteSize) -> ByteSize:
+        if v < 1024:
+            raise ValueError("must be at least 1KiB")
+        return v
+
+    @field_validator("auth")
+    @classmethod
+    def _auth_off_on_loopback(cls, v: str, info: ValidationInfo) -> str:
+        from samplecache.service.auth import is_loopback  # auth imports the cache dir, which imports settings
+
+        host = info.data.get("host")
+        if v == "off" and host is not None and not is_loopback(host):
+            raise ValueError(f"auth off is only allowed on a loopback --host (127.0.0.1, ::1, localhost), not "
+                             f"{host!r}: anyone who can reach it could change the cache; keep --auth token")
+        return v
+
+    @field_validator("block_bytes", "unit_bytes")
     @classmethod
     def _block(cls, v: ByteSize) -> ByteSize:
         if v < 4096:
@@ -121,6 +150,12 @@ class Settings(BaseSettings):
         return self.cache_dir.resolve() / "lmdb"
 
     @property
+    def part_bytes(self) -> int:
+        """Target bytes of one shard: ``unit_bytes``, but at most 1/16 of the budget (not under 64 KiB, unless
+        the budget itself is smaller), so a shard fits."""
+        return min(int(self.max_bytes), max(MIN_PART_BYTES, min(int(self.unit_bytes), int(self.max_bytes) // 16)))
+
+    @property
     def staging_dir(self) -> Path:
         return self.cache_dir.resolve() / "staging"
 
@@ -129,4 +164,7 @@ class Settings(BaseSettings):
         d = self.model_dump(mode="json")
         d["token"] = "set" if self.token else None
         d["storage_options"] = sorted(self.storage_options)
+        if self.source:
+            from samplecache.service.redact import redact
+            d["source"] = redact(self.source)
         return d

@@ -15,10 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from samplecache.service.files import make_dir, open_new
+
 MAGIC = b"SCSTG001"
 _LEN = struct.Struct("<I")
 SUFFIX = ".shard"
 TMP_SUFFIX = ".tmp"
+REJECTED_DIR = "rejected"
+REJECTED_KEPT = 8
 
 
 class StagingError(ValueError):
@@ -53,18 +57,31 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_staged(directory: Path, name: str, header: dict[str, Any], blocks: Sequence[bytes]) -> Path:
+def write_staged(directory: Path, name: str, header: dict[str, Any], blocks: Sequence[bytes | bytearray]) -> Path:
     """Write one shard atomically; returns the final ``.shard`` path."""
     header = dict(header, block_lengths=[len(b) for b in blocks])
     raw = json.dumps(header, separators=(",", ":")).encode()
     tmp = directory / (name + TMP_SUFFIX)
     final = directory / (name + SUFFIX)
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + _LEN.pack(len(raw)) + raw)
-        for b in blocks:
-            f.write(b)
-        f.flush()
-        os.fsync(f.fileno())
+    if final.is_symlink():
+        raise StagingError(f"{final}: a symbolic link is in the way of a staging file")
+    try:
+        fd = open_new(tmp)
+    except FileExistsError:  # a leftover of a killed sampler (never a link: O_NOFOLLOW refuses those)
+        if tmp.is_symlink():
+            raise StagingError(f"{tmp}: a symbolic link is in the way of a staging file") from None
+        tmp.unlink()
+        fd = open_new(tmp)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + _LEN.pack(len(raw)) + raw)
+            for b in blocks:
+                f.write(b)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not keep the half-written file's space
+        raise
     os.replace(tmp, final)
     fsync_dir(directory)
     return final
@@ -107,9 +124,26 @@ def read_staged(path: Path) -> StagedShard:
 
 
 def leftovers(directory: Path) -> Iterator[Path]:
-    """Complete staging files left by a previous run; removes half-written ``.tmp`` files."""
+    """Complete staging files left by a previous run; removes half-written ``.tmp`` files and links."""
     for p in sorted(directory.iterdir()):
-        if p.suffix == TMP_SUFFIX:
+        if p.is_symlink() or p.suffix == TMP_SUFFIX:
             p.unlink(missing_ok=True)
-        elif p.suffix == SUFFIX:
+        elif p.suffix == SUFFIX and p.is_file():
             yield p
+
+
+def set_aside(path: Path) -> Path | None:
+    """Move a staging file that could not be ingested into ``rejected/`` beside it (for a look; the newest
+    ``REJECTED_KEPT`` are kept), or drop it when even that fails. Returns where it went."""
+    where = path.parent / REJECTED_DIR
+    try:
+        make_dir(where)
+        target = where / path.name
+        os.replace(path, target)
+        kept = sorted(where.iterdir(), key=lambda p: p.stat().st_mtime)
+        for old in kept[:-REJECTED_KEPT]:
+            old.unlink(missing_ok=True)
+        return target
+    except OSError:
+        path.unlink(missing_ok=True)
+        return None

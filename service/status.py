@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from samplecache import __version__
+from samplecache.service.auth import auth_status
 from samplecache.service.models import EpochSummary, Status
+
+EPOCHS_SHOWN = 20  # the latest epochs' summaries in /v1/status
 
 if TYPE_CHECKING:
     from samplecache.service.daemon import Daemon
@@ -31,22 +33,36 @@ def lmdb_usage(d: "Daemon") -> dict[str, int]:
     """What the LMDB file really takes: its size on disk and the pages in use (freed pages are reused)."""
     info, stat = d.env.info(), d.env.stat()
     data = d.settings.lmdb_path / "data.mdb"
-    return {"file_bytes": data.stat().st_size if data.exists() else 0,
+    try:
+        size = data.stat().st_size
+    except OSError:  # the cache dir is gone (that shows in /healthz): the status still answers
+        size = 0
+    return {"file_bytes": size,
             "used_bytes": (info["last_pgno"] + 1) * stat["psize"], "map_size": info["map_size"]}
 
 
+def coverage(d: "Daemon") -> dict[str, Any] | None:
+    """The planner's coverage, where units of quarantined files, and units given up after failing again and
+    again this pass, never count as sampled (``units_left_out``)."""
+    if d.planner is None:
+        return None
+    files = d.catalog.files()
+    given_up = set(d.scheduler.given_up)
+    return d.planner.coverage(lambda u: bool(files.get(u.path, {}).get("quarantined"))
+                              or (u.path, u.row_group) in given_up, hash((d.catalog.files_version, frozenset(given_up))))
+
+
 def status_of(d: "Daemon") -> Status:
-    summaries = d.catalog.meta("epoch_summaries", {}) or {}
-    epochs = [EpochSummary(epoch=int(k), **v) for k, v in sorted(summaries.items(), key=lambda kv: int(kv[0]))]
-    quarantined = [{"path": p, "reason": i.get("reason", ""), "at": i.get("at")}
-                   for p, i in d.catalog.files().items() if i.get("quarantined")]
+    summaries = d.catalog.summaries()
+    epochs = [EpochSummary(epoch=e, **summaries[e]) for e in sorted(summaries)[-EPOCHS_SHOWN:]]
+    quarantined = [{"path": q["path"], "reason": q["reason"], "at": q["at"]} for q in d.quarantined()]
     eps = d.catalog.epochs()
     pacer = d.traffic.pacer
     return Status(
-        version=__version__, uptime_s=time.time() - d.started, source=d.settings.source,
+        version=__version__, uptime_s=time.time() - d.started, source=d.source_shown,
         cache_dir=str(d.settings.cache_dir.resolve()), bytes=d.catalog.resident_bytes,
         max_bytes=d.max_bytes, samples=d.catalog.resident_rows, shards=d.catalog.shard_count(),
-        map_size=d.map_size, disk_free=shutil.disk_usage(d.settings.cache_dir).free,
+        map_size=d.map_size, disk_free=d.disk.free_or_zero(),
         epochs_sealed=len(eps), last_epoch=eps[-1] if eps else -1, epochs=epochs,
         sampler={"state": sampler_state(d), "reason": d.paused_reason, "processes": d.supervisor.size,
                  "in_flight": d.supervisor.pending(), "restarts": d.supervisor.restarts},
@@ -55,6 +71,10 @@ def status_of(d: "Daemon") -> Status:
         pacing={"mode": pacer.mode, "replace_per_epoch": pacer.replace_per_epoch, "max_ingest_rate": pacer.max_rate,
                 "allowance_bytes": int(pacer.allowance), "reason": pacer.reason},
         remote_errors=d.remote_errors, last_error=d.last_error, quarantined=quarantined,
-        coverage=d.planner.coverage() if d.planner else None, settings=d.settings.public(),
+        skipped_columns=d.discovery.skipped if d.discovery else {},
+        coverage=coverage(d), settings=d.settings.public(), auth=auth_status(d.settings),
         evictions=d.evicted_shards, eviction_policy=d.policy, leases=[{k: v for k, v in l.to_json().items() if k != "run"} for l in d.leases.live()],
+        health={"problems": d.health.problems(), "threads": d.health.snapshot(),
+                "unit_failures": dict(d.scheduler.unit_failures), "units_given_up": d.scheduler.units_given_up,
+                "failed_events": d.scheduler.inbox.failed_events},
         jobs=d.jobs.active(), pinned_epochs=sorted(d.epochs.pinned_epochs()), lmdb=lmdb_usage(d))

@@ -26,13 +26,16 @@ log = logging.getLogger("samplecache.supervisor")
 def _die_with_parent() -> None:
     try:  # Linux: a SIGKILLed daemon must not leave samplers behind
         import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
 
 def _worker_main(conn: Connection, parent_pid: int, target: Callable[[Any], Any]) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the daemon's to handle
+    # Ctrl-C and SIGTERM (to the whole process group, as systemd and `docker stop` send it) are the daemon's to
+    # handle: it stops its samplers itself, and a sampler that died of the signal is not a failure to report
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     if os.getppid() != parent_pid:
         return
@@ -70,7 +73,9 @@ class Supervisor:
         self._workers: list[_Worker] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
         self.restarts = 0
+        self.failure: str | None = None  # why the pool cannot run, if it cannot
 
     def start(self) -> None:
         self._workers = [_Worker(self._ctx, self.target) for _ in range(self.size)]
@@ -100,7 +105,27 @@ class Supervisor:
                     except (OSError, BrokenPipeError):
                         pass  # noticed below through the sentinel
 
+    def stopping(self) -> None:
+        """Shutdown has begun: a sampler that dies from now on is not replaced (nor reported)."""
+        self._stopping.set()
+
+    def problem(self) -> str | None:
+        """What keeps the pool from sampling, for /healthz (None when fine)."""
+        if self._stopping.is_set() or self._thread is None:
+            return None
+        if not self._thread.is_alive():
+            return f"the sampler pool's thread has ended: {self.failure or 'unknown reason'}"
+        return self.failure
+
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # reported by problem() through /healthz
+            self.failure = f"{type(e).__name__}: {e}"
+            log.exception("the sampler pool's thread failed")
+            raise
+
+    def _serve(self) -> None:
         while not self._stop.is_set():
             self._dispatch()
             by_conn = {w.conn: w for w in self._workers}
@@ -117,7 +142,7 @@ class Supervisor:
                         w.task = None
                     self._deliver(result)
             for r in ready:
-                if r in by_sentinel and not self._stop.is_set():
+                if r in by_sentinel and not self._stop.is_set() and not self._stopping.is_set():
                     self._replace(by_sentinel[r])
 
     def _deliver(self, result: SampleResult) -> None:
@@ -132,7 +157,12 @@ class Supervisor:
         with self._lock:
             task, dead.task = dead.task, None
             idx = self._workers.index(dead)
-            self._workers[idx] = _Worker(self._ctx, self.target)
+            try:
+                self._workers[idx] = _Worker(self._ctx, self.target)
+                self.failure = None
+            except OSError as e:  # out of memory or processes: try again on the next turn
+                self.failure = f"cannot start a sampler process: {type(e).__name__}: {e}"
+                log.error("%s", self.failure)
             self.restarts += 1
         log.warning("sampler process died (exit code %s); replaced", code)
         if task is not None:
@@ -141,6 +171,7 @@ class Supervisor:
 
     def stop(self, timeout: float = 5.0) -> list[SampleTask]:
         """Stop every worker; returns tasks that were queued or running (not finished)."""
+        self._stopping.set()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
@@ -156,10 +187,7 @@ class Supervisor:
         for w in self._workers:
             w.proc.join(timeout=max(0.0, deadline - time.monotonic()))
         for w in self._workers:
-            if w.proc.is_alive():
-                w.proc.terminate()
-                w.proc.join(timeout=1)
-            if w.proc.is_alive():
+            if w.proc.is_alive():  # busy with a long task (SIGTERM is ignored by samplers): kill it
                 w.proc.kill()
                 w.proc.join()
             w.conn.close()

@@ -17,8 +17,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import lmdb
 
-from samplecache.record import record_key
-from samplecache.service.catalog import DBS, Catalog, Shard, u64
+from samplecache.record import record_key, verify_block
+from samplecache.service.catalog import SUMMARY_PREFIX, DBS, Catalog, Shard, u64
 from samplecache.service.eviction import EvictionPlan
 from samplecache.service.staging import StagingError, read_staged
 
@@ -35,6 +35,15 @@ class NoRoom(Exception):
         self.size, self.plan = size, plan
 
 
+class DamagedShard(Exception):
+    """A staged shard whose block ``block`` fails its check (``reason``): nothing of it is ingested. The staging
+    file stays where it is for the caller to set aside or drop; its unit should be sampled again."""
+
+    def __init__(self, path: Path, block: int, reason: str) -> None:
+        super().__init__(f"staged shard {path.name} is damaged: block {block}: {reason}")
+        self.path, self.block, self.reason = path, block, reason
+
+
 class Ingested(NamedTuple):
     shard: Shard | None
     evicted: tuple[int, ...]
@@ -43,6 +52,7 @@ class Ingested(NamedTuple):
 def open_env(path: Path, map_size: int) -> tuple[lmdb.Environment, dict[bytes, Any]]:
     """Open (or create) the cache environment and its named databases."""
     path.mkdir(parents=True, exist_ok=True)
+    # mode 0o660: LMDB gives both files one mode, and readers in the group must write lock.mdb (their reader slots)
     # metasync=False: the meta page is flushed with the next commit's data sync; a killed daemon loses
     # nothing (the page cache has it) and a power cut rolls back at most the last commit, consistently.
     env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DBS) + 2, max_readers=MAX_READERS,
@@ -89,6 +99,9 @@ class Writer:
         self._q.put((op, after, fut))
         return fut
 
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def close(self, timeout: float = 10.0) -> None:
         self._q.put(None)
         self._thread.join(timeout)
@@ -100,7 +113,8 @@ class Writer:
 
         ``cursor(cycle, unit)`` gives the sampling cursor to store with it. Raises
         NoRoom (the file stays staged) when the shard cannot fit without touching
-        pinned shards. ``shard`` is None when the file was already ingested.
+        pinned shards, and DamagedShard when a block fails its checksum. ``shard`` is None when the file
+        was already ingested.
         """
         def op(txn: lmdb.Transaction) -> Ingested:
             try:
@@ -108,11 +122,15 @@ class Writer:
             except StagingError as e:
                 log.warning("dropping unreadable staging file %s: %s", staged_path.name, e)
                 staged_path.unlink(missing_ok=True)
-                return Ingested(None, ())
+                raise  # not ingested: the caller samples its unit again (never marked done without a shard)
             try:
                 h = staged.header
                 if self.catalog.has_key(h["key"]):
                     return Ingested(None, ())
+                for b, block in enumerate(staged.blocks):  # xxh3 at ~10 GB/s: a few ms per 64 MB shard
+                    reason = verify_block(block)
+                    if reason is not None:
+                        raise DamagedShard(staged_path, b, reason)
                 size = sum(len(b) for b in staged.blocks)
                 plan = make_room(size) if make_room is not None else EvictionPlan((), 0, True)
                 if not plan.fits:
@@ -126,11 +144,12 @@ class Writer:
                                            f"records disagree (two writers on one cache?)")
                 shard = Shard(id=sid, key=h["key"], path=h["path"], row_group=h["row_group"], unit=h["unit"],
                               cycle=h["cycle"], rows=h["rows"], bytes=size, rows_per_block=h["rows_per_block"],
-                              blocks=len(staged.blocks), created=time.time())
+                              blocks=len(staged.blocks), created=time.time(), row_groups=int(h.get("row_groups", 1)),
+                              first_row=int(h.get("first_row", -1)))
                 if not txn.put(u64(sid), shard.to_json(), db=self.dbs[b"shards"], overwrite=False):
                     raise RuntimeError(f"shard {sid} is already catalogued (two writers on one cache?)")
                 txn.put(b"next_shard", json.dumps(sid + 1).encode(), db=self.dbs[b"meta"])
-                if cursor is not None:
+                if cursor is not None and h.get("final", True):  # a unit is done with its last part
                     txn.put(b"cursor", json.dumps(cursor(h["cycle"], h["unit"])).encode(), db=self.dbs[b"meta"])
                 return Ingested(shard, plan.evict)
             finally:
@@ -184,10 +203,15 @@ class Writer:
 
         return self.submit(op, after)
 
-    def seal(self, epoch: int, build: Callable[[], dict[str, Any]]) -> "Future[bytes]":
-        """Seal ``epoch`` with the manifest ``build()`` makes on the writer thread (so no ingest interleaves)."""
-        summaries: dict[str, Any] = {}
+    def seal(self, epoch: int, build: Callable[[], dict[str, Any]], keep_last: int = 0,
+             pinned: Callable[[], set[int]] = set) -> "Future[bytes]":
+        """Seal ``epoch`` with the manifest ``build()`` makes on the writer thread (so no ingest interleaves).
+
+        Its summary is written under its own key (a seal never rewrites the others). With ``keep_last`` > 0,
+        older manifests beyond the last ``keep_last`` epochs are dropped unless ``pinned()`` names them."""
+        summary: dict[str, Any] = {}
         used: list[Shard] = []
+        dropped: list[int] = []
 
         def op(txn: lmdb.Transaction) -> bytes:
             existing = txn.get(u64(epoch), db=self.dbs[b"epochs"])
@@ -202,19 +226,25 @@ class Writer:
                     used.append(s)
                     txn.put(u64(s.id), json.dumps(dict(s.__dict__, last_used_epoch=epoch), separators=(",", ":")).encode(),
                             db=self.dbs[b"shards"])
-            summaries.update(self.catalog.meta("epoch_summaries", {}) or {})
-            summaries[str(epoch)] = {k: manifest.get(k, 0) for k in ("samples", "new_samples", "bytes", "sealed_at",
-                                                                     "remote_bytes")}
-            summaries[str(epoch)]["shards"] = len(manifest["shards"])
-            txn.put(b"epoch_summaries", json.dumps(summaries).encode(), db=self.dbs[b"meta"])
+            summary.update({k: manifest.get(k, 0) for k in ("samples", "new_samples", "bytes", "sealed_at",
+                                                              "remote_bytes")}, shards=len(manifest["shards"]))
+            meta = self.dbs[b"meta"]
+            txn.put(f"{SUMMARY_PREFIX}{epoch}".encode(), json.dumps(summary).encode(), db=meta)
+            txn.delete(b"epoch_summaries", db=meta)  # the one-blob form of older versions
+            if keep_last > 0:
+                eps = sorted(set(self.catalog.epochs()) | {epoch})
+                keep = set(eps[-keep_last:]) | pinned()
+                for e in eps:
+                    if e not in keep:
+                        txn.delete(u64(e), db=self.dbs[b"epochs"])
+                        txn.delete(f"{SUMMARY_PREFIX}{e}".encode(), db=meta)
+                        dropped.append(e)
             return raw
 
         def after(raw: bytes) -> None:
             for s in used:
                 s.last_used_epoch = epoch
-            self.catalog.sealed(epoch, raw)
-            if summaries:
-                self.catalog.set_meta("epoch_summaries", summaries)
+            self.catalog.sealed(epoch, raw, dict(summary) if summary else None, dropped)
 
         return self.submit(op, after)
 

@@ -160,6 +160,24 @@ class Stopped:
     leftovers: list[tuple[int, str, str]]
 
 
+class ServedDaemon(DaemonProcess):
+    """A daemon started by the fixture, with the token its requests that change state need."""
+
+    @property
+    def token(self) -> str:
+        """Its ``--token``, else what it wrote to its token file (``--token-file``, default in its cache dir)."""
+        for flag in ("--token", "--token-file"):
+            if flag in self.args:
+                value = self.args[self.args.index(flag) + 1]
+                return value if flag == "--token" else Path(value).read_text().strip()
+        return (self.cache_dir / "api-token").read_text().strip()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``Authorization: Bearer <token>``, for raw HTTP calls that change state."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+
 class Daemons:
     """Starts ``samplecache serve`` subprocesses; every one is stopped at teardown."""
 
@@ -173,9 +191,9 @@ class Daemons:
 
     def __call__(self, source: str | None = None, cache_dir: str | os.PathLike[str] | None = None, *,
                  samplers: int = 2, extra: Sequence[str] = (), env: dict[str, str] | None = None,
-                 ready: bool = True, timeout: float = 60.0) -> DaemonProcess:
+                 ready: bool = True, timeout: float = 60.0) -> ServedDaemon:
         n = len(self.started)
-        d = DaemonProcess(source or self.dataset.url, cache_dir or self.tmp_path / "cache",
+        d = ServedDaemon(source or self.dataset.url, cache_dir or self.tmp_path / "cache",
                           extra=["--samplers", str(samplers), *extra],
                           env=self.s3.env() if env is None else env, log_path=self.tmp_path / f"daemon-{n}.log")
         self.started.append(d)

@@ -82,10 +82,11 @@ def crash_seed() -> int:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = 30.0) -> Any:
+def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = 30.0,
+              headers: dict[str, str] | None = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data else {})
+                                 headers={**({"Content-Type": "application/json"} if data else {}), **(headers or {})})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         raw = r.read()
     return json.loads(raw) if raw else None
@@ -287,7 +288,7 @@ def test_sigkill_loop_leaves_a_consistent_cache(daemon: Any, crash_dataset: Cras
         manifest = json.loads(manifest_raw)
         pinned = {int(e[0]) for e in manifest["shards"]}
         assert pinned and manifest["samples"] > 0
-        lease = http_json(d.url + "/v1/epochs/0/leases", "POST", {"ttl": 600, "holder": "crash test"})
+        lease = http_json(d.url + "/v1/epochs/0/leases", "POST", {"ttl": 600, "holder": "crash test"}, headers=d.headers)
         assert lease["epoch"] == 0
         # ingest AND evict: wait until shards were evicted around the pinned epoch
         wait_for(lambda: (check_cache(cache).next_shard or 0) > len(pinned) + BUDGET // SHARD_BYTES + 2, 60,
@@ -615,7 +616,7 @@ def test_staging_stays_bounded_while_the_pinned_budget_is_full(daemon: Any, cras
     with explained("backpressure", seed, [d]):
         wait_for(lambda: http_json(d.url + "/v1/status")["shards"] >= 2, 60, "two shards ingested")
         manifest = json.loads(http_raw(d.url + "/v1/epochs/0"))
-        http_json(d.url + "/v1/epochs/0/leases", "POST", {"ttl": 600, "holder": "crash test"})
+        http_json(d.url + "/v1/epochs/0/leases", "POST", {"ttl": 600, "holder": "crash test"}, headers=d.headers)
         resident = check_cache(cache)
         assert set(resident.shard_ids) <= {e[0] for e in manifest["shards"]} | {resident.next_shard - 1}
         limit = 3 * samplers + 2      # the tasks queued (2 per sampler) and running when the first NoRoom came

@@ -285,7 +285,9 @@ def test_leases_for_a_job_are_checked_against_its_run_and_epochs(rolled: Any) ->
 
         def lease(body: dict[str, Any]) -> tuple[int, str]:
             req = urllib.request.Request(f"{rolled.url}/v1/epochs/{plan.daemon_epoch}/leases", method="POST",
-                                         data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+                                         data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json", "Authorization":
+                                                  f"Bearer {(rolled.cache_dir / 'api-token').read_text().strip()}"})
             try:
                 with urllib.request.urlopen(req, timeout=30) as r:
                     return r.status, r.read().decode()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from samplecache.service.jobs import JobError, JobTable
+from samplecache.service.errors import Conflict, NotFound, ServiceError
+from samplecache.service.jobs import JobTable
 
 
 class Clock:
@@ -40,20 +41,20 @@ def test_a_new_run_takes_the_job_over_at_its_next_epoch(table: JobTable) -> None
     job = table.attach("train", "bbbb2222")
     assert (job.run, job.start_epoch, job.runs) == ("bbbb2222", 2, 2)
     assert job.epochs == {0: 3, 1: 5}  # the mapping belongs to the job: a resumed epoch reads the same data
-    with pytest.raises(JobError) as info:  # the replaced run is told, never silently reads on
+    with pytest.raises(ServiceError) as info:  # the replaced run is told, never silently reads on
         table.job("train", "aaaa1111")
-    assert info.value.status == 409 and "taken over" in info.value.message
-    with pytest.raises(JobError) as info:
+    assert isinstance(info.value, Conflict) and "taken over" in info.value.message
+    with pytest.raises(ServiceError) as info:
         table.attach("train", "aaaa1111")  # and cannot take it back
-    assert info.value.status == 409
+    assert isinstance(info.value, Conflict)
 
 
 def test_resume_needs_a_known_job_and_names_the_known_ones(table: JobTable) -> None:
     table.attach("alpha", "aaaa1111")
     table.attach("beta", "bbbb2222")
-    with pytest.raises(JobError) as info:
+    with pytest.raises(ServiceError) as info:
         table.attach("gamma", "cccc3333", resume=True)
-    assert info.value.status == 404
+    assert isinstance(info.value, NotFound)
     assert "'gamma'" in info.value.message and "alpha, beta" in info.value.message
     assert info.value.extra["known"] == ["alpha", "beta"]
     assert table.attach("beta", "dddd4444", resume=True).run == "dddd4444"
@@ -61,12 +62,12 @@ def test_resume_needs_a_known_job_and_names_the_known_ones(table: JobTable) -> N
 
 def test_a_run_that_never_attached_is_refused(table: JobTable) -> None:
     table.attach("train", "aaaa1111")
-    with pytest.raises(JobError) as info:
+    with pytest.raises(ServiceError) as info:
         table.job("train", "ffff0000")
-    assert info.value.status == 409 and "POST /v1/jobs" in info.value.message
-    with pytest.raises(JobError) as info:
+    assert isinstance(info.value, Conflict) and "POST /v1/jobs" in info.value.message
+    with pytest.raises(ServiceError) as info:
         table.job("nope")
-    assert info.value.status == 404
+    assert isinstance(info.value, NotFound)
 
 
 def test_reads_of_ended_leases_add_up_per_job_epoch(table: JobTable) -> None:

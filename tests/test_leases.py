@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from samplecache.service.catalog import Shard
 from samplecache.service.epochs import select_shards
-from samplecache.service.leases import Lease, LeaseError, LeaseTable
+from samplecache.service.errors import Gone, Invalid, NotFound, ServiceError
+from samplecache.service.leases import Lease, LeaseTable
 
 
 class FakeClock:
@@ -62,9 +63,9 @@ def test_lease_ids_are_unique(table: LeaseTable) -> None:
 
 @pytest.mark.parametrize("ttl", [0.0, -1.0, 100.0001, 1e9, math.inf, -math.inf, math.nan])
 def test_bad_ttl_is_422(table: LeaseTable, ttl: float) -> None:
-    with pytest.raises(LeaseError) as e:
+    with pytest.raises(ServiceError) as e:
         table.take(0, ttl=ttl)
-    assert e.value.status == 422
+    assert isinstance(e.value, Invalid)
     assert "ttl" in e.value.message
     assert table.live() == []
 
@@ -99,9 +100,9 @@ def test_expiry_after_ttl_without_heartbeat(table: LeaseTable, clock: FakeClock)
 def test_heartbeat_after_expiry_is_410(table: LeaseTable, clock: FakeClock) -> None:
     lease = table.take(1, ttl=5.0)
     clock.advance(7.0)
-    with pytest.raises(LeaseError) as e:
+    with pytest.raises(ServiceError) as e:
         table.heartbeat(1, lease.id)
-    assert e.value.status == 410
+    assert isinstance(e.value, Gone)
     assert "expired" in e.value.message
     assert table.expired_total == 1
     assert table.live() == [] and table.saved() == []
@@ -111,9 +112,9 @@ def test_heartbeat_after_expiry_is_410_even_once_collected(table: LeaseTable, cl
     lease = table.take(1, ttl=5.0)
     clock.advance(7.0)
     assert [l.id for l in table.expire()] == [lease.id]  # what Daemon._expire_leases does every loop
-    with pytest.raises(LeaseError) as e:
+    with pytest.raises(ServiceError) as e:
         table.heartbeat(1, lease.id)
-    assert e.value.status == 410
+    assert isinstance(e.value, Gone)
 
 
 def test_job_leases_carry_their_reads_to_the_end_however_they_end(table: LeaseTable, clock: FakeClock) -> None:
@@ -128,7 +129,7 @@ def test_job_leases_carry_their_reads_to_the_end_however_they_end(table: LeaseTa
     table.heartbeat(3, c.id, read=9)
     assert table.jobs() == {"train"}
     clock.now += 11
-    with pytest.raises(LeaseError):
+    with pytest.raises(ServiceError):
         table.heartbeat(3, b.id, read=8)  # found expired by its heartbeat ...
     ended = {l.id: l.read for l in table.expire()}
     assert ended == {b.id: 7, c.id: 9}  # ... and still handed out once, with its reads, for the job
@@ -138,12 +139,12 @@ def test_job_leases_carry_their_reads_to_the_end_however_they_end(table: LeaseTa
 def test_unknown_lease_is_404(table: LeaseTable) -> None:
     lease = table.take(1)
     for epoch, lid in ((1, "deadbeef"), (2, lease.id)):  # unknown id; right id, wrong epoch
-        with pytest.raises(LeaseError) as e:
+        with pytest.raises(ServiceError) as e:
             table.heartbeat(epoch, lid)
-        assert e.value.status == 404 and lid in e.value.message
-        with pytest.raises(LeaseError) as e:
+        assert isinstance(e.value, NotFound) and lid in e.value.message
+        with pytest.raises(ServiceError) as e:
             table.release(epoch, lid)
-        assert e.value.status == 404
+        assert isinstance(e.value, NotFound)
     assert [l.id for l in table.live()] == [lease.id]  # untouched by the failed calls
 
 
@@ -153,12 +154,12 @@ def test_release_ends_the_lease(table: LeaseTable) -> None:
     assert table.release(4, a.id).id == a.id
     assert [l.id for l in table.live()] == [b.id]
     assert table.epochs() == {4}  # still leased by b
-    with pytest.raises(LeaseError) as e:  # a second release
+    with pytest.raises(ServiceError) as e:  # a second release
         table.release(4, a.id)
-    assert e.value.status == 404
-    with pytest.raises(LeaseError) as e:  # and a heartbeat of a released lease
+    assert isinstance(e.value, NotFound)
+    with pytest.raises(ServiceError) as e:  # and a heartbeat of a released lease
         table.heartbeat(4, a.id)
-    assert e.value.status == 404
+    assert isinstance(e.value, NotFound)
     table.release(4, b.id)
     assert table.epochs() == set() and table.saved() == []
     assert table.expired_total == 0  # releases are not expiries
@@ -234,9 +235,9 @@ def test_live_leases_match_a_model(ops: list[tuple[str, int, float]]) -> None:
             epoch, ttl, exp = model[lid]
             if op == "beat":
                 if exp <= clock.now:
-                    with pytest.raises(LeaseError) as e:
+                    with pytest.raises(ServiceError) as e:
                         table.heartbeat(epoch, lid)
-                    assert e.value.status == 410
+                    assert isinstance(e.value, Gone)
                     del model[lid]
                 else:
                     table.heartbeat(epoch, lid)

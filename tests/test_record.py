@@ -21,6 +21,7 @@ from samplecache.record import (
     ColumnData,
     FormatError,
     Schema,
+    block_checksum,
     decode_rows,
     encode_block,
     parse_key,
@@ -152,7 +153,9 @@ def test_block_header_layout() -> None:
     assert blk[:4] == MAGIC == b"SCB" + bytes([FORMAT_VERSION])
     assert struct.unpack_from("<H", blk, 4)[0] == 1        # ncols
     assert struct.unpack_from("<I", blk, 8)[0] == 5        # nrows
-    data_off = struct.unpack_from("<Q", blk, 16)[0]
+    assert struct.unpack_from("<Q", blk, 16)[0] == block_checksum(blk)  # v3: the block's checksum
+    assert struct.unpack_from("<Q", blk, 24)[0] == 0     # layout: dense
+    data_off = struct.unpack_from("<Q", blk, 32)[0]
     assert data_off % ALIGN == 0
     assert len(blk) % ALIGN == 0
     assert np.frombuffer(blk, "<i4", 5, data_off).tolist() == [0, 1, 2, 3, 4]
@@ -407,7 +410,7 @@ def test_column_array_aliases_the_buffer() -> None:
     whole = np.frombuffer(buf, np.uint8)
     assert np.shares_memory(col, whole)
     # a write through the buffer is seen through the view (zero copy)
-    data_off = struct.unpack_from("<Q", buf, 16)[0]
+    data_off = struct.unpack_from("<Q", buf, 32)[0]
     np.frombuffer(buf, np.float32, 1, data_off)[0] = 1234.5
     assert col[0, 0, 0] == 1234.5
 

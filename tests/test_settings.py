@@ -96,7 +96,10 @@ def test_defaults() -> None:
     ("discover_interval", 0),
     ("epoch_wait_max", -1),
     ("retry_seconds", 0),
+    ("epochs_kept", 0),
     ("num_nodes", 0),
+    ("max_body_bytes", "10"),
+    ("auth", "maybe"),
     ("node_rank", -1),
     ("storage_options", "[1]"),
     ("pacing", "fast"),
@@ -188,6 +191,12 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "PACING": "off",
         "REPLACE_PER_EPOCH": "0.5",
         "MAX_INGEST_RATE": "200MB",
+        "UNIT_BYTES": "16MiB",
+        "SCHEMA_FILE": str(tmp_path / "schema.parquet"),
+        "AUTH": "token",
+        "TOKEN_FILE": str(tmp_path / "token"),
+        "MAX_BODY_BYTES": "64KiB",
+        "EPOCHS_KEPT": "7",
     }
     for k, v in env.items():
         monkeypatch.setenv("SAMPLECACHE_" + k, v)
@@ -204,8 +213,10 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert s.epoch_max_samples == 1000 and s.discover_interval == 30
     assert (s.node_rank, s.num_nodes) == (1, 4)
     assert int(s.block_bytes) == 256 * 1024
-    assert s.epoch_wait_max == 5 and s.retry_seconds == 0.5 and s.log_level == "debug"
+    assert s.epoch_wait_max == 5 and s.retry_seconds == 0.5 and s.log_level == "debug" and s.epochs_kept == 7
     assert (s.pacing, s.replace_per_epoch, int(s.max_ingest_rate)) == ("off", 0.5, 200 * 10**6)
+    assert int(s.unit_bytes) == 16 * 2**20 and s.schema_file == tmp_path / "schema.parquet"
+    assert (s.auth, s.token_file, int(s.max_body_bytes)) == ("token", tmp_path / "token", 64 * 1024)
     # the test covers every setting there is
     assert {k.lower() for k in env} == set(FIELDS)
 
@@ -304,8 +315,10 @@ def test_every_setting_is_a_serve_flag(name: str, serve_help: str) -> None:
              "samplers": "255", "host": "::1", "port": "1234", "token": "t", "storage_options": '{"a": 1}',
              "columns": "a", "seed": "3", "eviction_policy": "random", "lease_ttl": "3", "epoch_headroom": "0.1", "epoch_max_samples": "7",
              "discover_interval": "9", "node_rank": "0", "num_nodes": "2", "block_bytes": "8KiB",
-             "epoch_wait_max": "4", "retry_seconds": "2", "log_level": "error", "pacing": "off",
-             "replace_per_epoch": "0.5", "max_ingest_rate": "1MB"}.get(name)
+             "epoch_wait_max": "4", "epochs_kept": "9", "retry_seconds": "2", "log_level": "error", "pacing": "off",
+             "replace_per_epoch": "0.5", "max_ingest_rate": "1MB", "unit_bytes": "16MiB",
+             "schema_file": "/tmp/schema.parquet", "auth": "off", "token_file": "/tmp/token",
+             "max_body_bytes": "2MiB"}.get(name)
     if value is None:
         pytest.fail(f"new setting {name!r}: add a sample value to this test")
     args = build_parser().parse_args(["serve", flag, value])

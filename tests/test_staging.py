@@ -231,3 +231,45 @@ def test_many_open_close_cycles_do_not_leak_maps(tmp_path: Path) -> None:
     for _ in range(200):
         read_staged(path).close()
     assert not _mapped(path)
+
+
+# ------------------------------------------------------------------------- hostile staging dirs (issue 11)
+@pytest.mark.parametrize("suffix", [TMP_SUFFIX, SUFFIX], ids=["tmp", "final"])
+def test_a_planted_symlink_is_never_written_through(tmp_path: Path, suffix: str) -> None:
+    stage = tmp_path / "staging"
+    stage.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (stage / ("k1" + suffix)).symlink_to(victim)
+    with pytest.raises(StagingError, match="symbolic link"):
+        write_staged(stage, "k1", {"key": "k1"}, _blocks())
+    assert victim.read_bytes() == b"precious"
+
+
+def test_staging_files_are_0640_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        path = write_staged(tmp_path, "k3", {"key": "k3"}, _blocks())
+    finally:
+        os.umask(old)
+    assert (path.stat().st_mode & 0o777) == 0o640
+
+
+def test_a_stale_tmp_file_of_a_killed_sampler_is_replaced(tmp_path: Path) -> None:
+    (tmp_path / ("k4" + TMP_SUFFIX)).write_bytes(b"half written")
+    path = write_staged(tmp_path, "k4", {"key": "k4"}, _blocks())
+    got = read_staged(path)
+    try:
+        assert got.header["key"] == "k4" and len(got.blocks) == 3
+    finally:
+        got.close()
+
+
+def test_leftovers_drop_links(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.shard"
+    victim.write_bytes(b"x")
+    stage = tmp_path / "staging"
+    stage.mkdir()
+    (stage / ("k5" + SUFFIX)).symlink_to(victim)
+    assert list(leftovers(stage)) == []
+    assert not os.path.lexists(stage / ("k5" + SUFFIX)) and victim.exists()

@@ -1,0 +1,51 @@
+"""Free space for new shards: the filesystem's free bytes plus the pages LMDB holds free inside its file.
+
+The LMDB file never shrinks: evicting shards frees pages inside it, which later writes reuse. A free-disk
+guard that counted only the filesystem would never clear after a budget cut on a full disk.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+META_PAGES = 2
+
+
+def lmdb_free_bytes(env: lmdb.Environment, dbs: dict[bytes, Any]) -> int:
+    """Bytes of pages inside the LMDB file that no database uses (its freelist and never-touched tail)."""
+    info, stat = env.info(), env.stat()
+    psize = int(stat["psize"])
+    with env.begin() as txn:
+        used = sum(int(s["branch_pages"]) + int(s["leaf_pages"]) + int(s["overflow_pages"])
+                   for s in [txn.stat()] + [txn.stat(db) for db in dbs.values()])
+    return max(0, int(info["last_pgno"]) + 1 - META_PAGES - used) * psize
+
+
+class DiskSpace:
+    """``free()``: bytes new shards can use, re-measured at most every ``every`` seconds."""
+
+    def __init__(self, cache_dir: Path, env: lmdb.Environment, dbs: dict[bytes, Any], every: float = 1.0) -> None:
+        self.cache_dir, self.env, self.dbs, self.every = cache_dir, env, dbs, every
+        self._at = -1e9
+        self._free = 0
+        self.fs_free = 0  # the filesystem's own free bytes (staging files need these; LMDB's free pages do not help)
+
+    def free(self, fresh: bool = False) -> int:
+        now = time.monotonic()
+        if fresh or now - self._at >= self.every:
+            self.fs_free = shutil.disk_usage(self.cache_dir).free
+            self._free = self.fs_free + lmdb_free_bytes(self.env, self.dbs)
+            self._at = now
+        return self._free
+
+    def free_or_zero(self) -> int:
+        """``free()`` for reports: 0 when it cannot be measured (a missing cache dir shows in /healthz)."""
+        try:
+            return self.free()
+        except OSError:
+            return 0

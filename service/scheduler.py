@@ -1,0 +1,400 @@
+"""The scheduler: the one owner of the daemon's sampling state.
+
+One thread runs it. Everything that changes sampling state happens on that thread: sampler results (from the
+supervisor's thread) and ingest completions (from the writer's thread) arrive as events in its inbox, and
+HTTP control requests run through ``call`` and wait for their answer. Nothing else writes these fields.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import errno
+import logging
+import random
+import threading
+import time
+import zlib
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+import lmdb
+
+from samplecache.service.discovery import quarantined
+from samplecache.service.inbox import Inbox
+from samplecache.service.planner import Pick, Planner, Unit, build_units
+from samplecache.service.remote import RemoteError
+from samplecache.service.sampler import SampleResult, SampleTask
+from samplecache.service.staging import set_aside
+from samplecache.service.writer import DamagedShard, NoRoom
+
+if TYPE_CHECKING:
+    from samplecache.service.daemon import Daemon
+
+log = logging.getLogger("samplecache.daemon")
+
+MAX_UNIT_ATTEMPTS = 8     # failures in a row before a unit is given up for this pass (tried again next pass)
+CORRUPT_CONFIRMATIONS = 2  # unparsable bytes twice in a row (a fresh read each time) before a file is quarantined
+MAX_UNIT_BACKOFF = 300.0   # s: the longest wait before a failing unit is tried again
+T = TypeVar("T")
+
+
+def unit_current(unit: Unit, info: dict[str, Any]) -> bool:
+    """Whether ``unit`` is still one of its file's units (a file that changed may have been re-planned)."""
+    planned = info.get("units")
+    return planned is None or [unit.row_group, unit.row_groups, unit.rows] in planned
+
+
+class Scheduler:
+    def __init__(self, d: "Daemon") -> None:
+        self.d = d
+        self.settings = d.settings
+        self.planner: Planner | None = None
+        self.paused_reason: str | None = None
+        self.user_paused = False
+        self.complete = False  # every readable remote unit is resident: nothing new to sample
+        self.disk_full: str | None = None
+        self.last_error: str | None = None
+        self.remote_errors = 0
+        self.evicted_shards = 0
+        self.unit_failures: collections.Counter[str] = collections.Counter()  # by kind: unreachable | transient | ...
+        self.quarantined_units = 0  # this node's units in quarantined files (or stale: their file was re-planned)
+        self.units_given_up = 0  # units that failed MAX_UNIT_ATTEMPTS times in a row (retried the next pass)
+        self.given_up: set[tuple[str, int]] = set()  # those not sampled since: coverage leaves them out
+        self._skips = 0
+        self._files_seen = -1
+        self._attempts: dict[tuple[str, int], int] = collections.defaultdict(int)  # failures in a row per unit
+        self._corrupt: dict[tuple[str, int], int] = collections.defaultdict(int)  # unparsable reads in a row per unit
+        self._deferred: list[tuple[float, Pick]] = []  # units waiting out their backoff
+        self._backoff_until = 0.0
+        self._held_retry_at = 0.0
+        self._retrying = 0  # held results re-submitted and not answered yet
+        self._ingesting = 0  # bytes of shards sampled and on their way to the writer
+        self._next_discovery = 0.0
+        self._held: collections.deque[SampleResult] = collections.deque()  # staged, waiting for room
+        self.ingests: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=4096)
+        self.inbox = Inbox()  # results, ingest completions and control requests, run on this thread
+
+    def post(self, event: Callable[[], None]) -> None:
+        self.inbox.post(event)
+
+    def call(self, fn: Callable[[], T]) -> "Future[T]":
+        return self.inbox.call(fn)
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def step(self) -> None:
+        """One turn of the loop (run supervised by ``Health.run_loop``)."""
+        self.inbox.drain(0.05)
+        if time.monotonic() >= self._next_discovery:
+            self.discover()
+        if self.planner is not None and self.d.schema is not None:
+            self.d.expire_leases()
+            self._retry_held()
+            self._release_deferred()
+            self._fill()
+
+    def discover(self) -> None:
+        discovery = self.d.discovery
+        assert discovery is not None
+        try:
+            new = discovery.run()
+            self.last_error = None if self.planner is not None or self.d.schema else self.last_error
+            files = self.d.catalog.files()
+            if self.planner is None and self.d.schema is not None:
+                units = build_units(files)
+                self.planner = Planner(units, seed=self.settings.seed, node_rank=self.settings.node_rank,
+                                       num_nodes=self.settings.num_nodes, cursor=self.d.catalog.meta("cursor"))
+                log.info("source %s: %d files, %d row groups (%d on this node)", self.d.source_shown,
+                         len(files), len(units), len(self.planner))
+                self.last_error = None
+            elif new and self.planner is not None:
+                self.planner.add_units(build_units({p: files[p] for p in new}))
+            self.complete = self.complete and not new
+            self._files_seen = -1
+            self._next_discovery = time.monotonic() + self.settings.discover_interval
+        except Exception as e:  # remote down or bad: report, retry
+            self.last_error = str(e) if isinstance(e, RemoteError) else f"{type(e).__name__}: {e}"
+            self.remote_errors += 1
+            log.warning("remote: %s (retrying in %.0fs)", self.last_error, self.settings.retry_seconds)
+            self._next_discovery = time.monotonic() + self.settings.retry_seconds
+
+    def discover_soon(self) -> None:
+        self._next_discovery = 0.0
+
+    # -- deciding ---------------------------------------------------------------------------------------
+    def _why_not_sample(self) -> str | None:
+        assert self.planner is not None
+        if self.complete and self.d.catalog.resident_units() + self.quarantined_units < len(self.planner):
+            self.complete, self._skips = False, 0
+        if self.user_paused:
+            return "paused by request"
+        if self.disk_full:
+            free = self.d.disk.free()
+            if free < self.d.min_free_disk or time.monotonic() < self._backoff_until:
+                return self.disk_full
+            self.disk_full = None
+            log.info("disk space is back (%d bytes free for shards): sampling resumes", free)
+        if self._held or self._retrying:
+            pinned = sorted(self.d.epochs.pinned_epochs())
+            waiting = len(self._held) + self._retrying
+            need = min((r.bytes for r in list(self._held)), default=0)
+            room = (f"every evictable shard is pinned by leases on epochs {pinned}" if pinned else
+                    "nothing is pinned, yet the shard does not fit")
+            return (f"budget full: {room}; {waiting} shard(s) wait (the smallest {need} bytes; budget "
+                    f"{self.d.max_bytes}, resident {self.d.catalog.resident_bytes} bytes)")
+        if self.complete:
+            if self.quarantined_units:
+                return (f"every readable unit is cached; {self.quarantined_units} unit(s) of quarantined files "
+                        f"are left out (GET /v1/quarantine)")
+            return "the whole remote dataset is cached"
+        if time.monotonic() < self._backoff_until:
+            return "remote unreachable: backing off"
+        free = self.d.disk.free()
+        if free < self.d.min_free_disk:
+            return f"disk almost full: {free} bytes free < min_free_disk {self.d.min_free_disk}"
+        staging = self.d.supervisor.size * self.settings.part_bytes
+        if self.d.min_free_disk and self.d.disk.fs_free < staging:  # --min-free-disk 0: no guard at all
+            return (f"disk almost full: {self.d.disk.fs_free} bytes free on the filesystem, less than the staging "
+                    f"files of {self.d.supervisor.size} sampler(s) need ({staging}); LMDB's free pages do not hold them")
+        return None
+
+    def _settled(self, unit: Unit) -> bool:
+        """Nothing to sample for ``unit``: resident from an earlier pass, its file quarantined or re-planned."""
+        info = self.d.catalog.file(unit.path)
+        return bool(self.d.catalog.unit_resident(unit.path, unit.row_group) or info.get("quarantined")
+                    or not unit_current(unit, info))
+
+    def _fill(self) -> None:
+        assert self.planner is not None
+        catalog = self.d.catalog
+        if self._files_seen != catalog.files_version:
+            self._files_seen = catalog.files_version
+            self.quarantined_units = sum(1 for u in self.planner.units if catalog.file(u.path).get("quarantined")
+                                         or not unit_current(u, catalog.file(u.path)))
+        self.paused_reason = self._why_not_sample()
+        if self.paused_reason is not None:
+            return
+        supervisor = self.d.supervisor
+        while supervisor.pending() < 2 * supervisor.size:
+            pick = self.planner.next()
+            if pick is None:
+                if self._deferred and not supervisor.pending():
+                    self.paused_reason = (f"waiting to retry {len(self._deferred)} unit(s) after failures (backoff; "
+                                          f"last error: {self.last_error})")
+                return
+            if self._settled(pick.unit):
+                self.planner.done(pick.cycle, pick.position)
+                self._skips += 1
+                if self._skips >= len(self.planner):
+                    self.complete = True
+                    return
+                continue
+            self._skips = 0
+            if not self._paced_submit(pick):
+                self.planner.retry(pick)  # handed out again when the pace allows
+                return
+
+    def _paced_submit(self, pick: Pick) -> bool:
+        """Send ``pick`` to a sampler if the pace allows it (else say why in ``paused_reason``)."""
+        d = self.d
+        sizes = d.catalog.file(pick.unit.path).get("row_group_bytes") or []
+        size = int(sizes[pick.unit.row_group]) if pick.unit.row_group < len(sizes) else 0
+        committed = d.catalog.resident_bytes + self._ingesting + d.traffic.out_bytes() + \
+            sum(r.bytes for r in list(self._held))
+        # the unit's identity in the key: after a cursor reset (another node count, a re-planned file) the same
+        # cycle and position may name another unit, whose shard must not pass for a duplicate of this one
+        ident = zlib.crc32(f"{pick.unit.path}\0{pick.unit.row_group}".encode())
+        key = f"c{pick.cycle}-u{pick.position}-{ident:08x}"
+        self.paused_reason = d.traffic.admit(key, size, committed, d.max_bytes)
+        if self.paused_reason is not None:
+            return False
+        assert d.schema is not None
+        d.supervisor.submit(SampleTask(
+            key=key, source=self.settings.source, storage_options=dict(self.settings.storage_options),
+            path=pick.unit.path, row_group=pick.unit.row_group, schema=d.schema.to_json(),
+            staging_dir=str(self.settings.staging_dir), block_bytes=int(self.settings.block_bytes),
+            unit=pick.position, cycle=pick.cycle, row_groups=pick.unit.row_groups,
+            part_bytes=self.settings.part_bytes, arrow_schema=d.discovery.target_text() if d.discovery else None))
+        return True
+
+    def _finish(self, pick: Pick) -> None:
+        """Mark a unit done without a shard (its file is quarantined)."""
+        assert self.planner is not None
+        cursor = self.planner.cursor_after(pick.cycle, pick.position)
+        self.planner.done(pick.cycle, pick.position)
+        self.d.writer.put_meta({"cursor": cursor})
+
+    # -- retries with backoff ---------------------------------------------------------------------------
+    def _defer(self, pick: Pick, unit_key: tuple[str, int], first: float | None = None) -> float:
+        """Try ``pick`` again after an exponential backoff with jitter; returns the delay."""
+        n = self._attempts[unit_key]
+        base = self.settings.retry_seconds if first is None else first
+        delay = float(min(MAX_UNIT_BACKOFF, base * 2 ** max(0, n - 1))) * random.uniform(0.75, 1.25)
+        self._deferred.append((time.monotonic() + delay, pick))
+        return delay
+
+    def _give_up(self, pick: Pick, unit_key: tuple[str, int]) -> None:
+        """Stop retrying a unit for this pass (the next pass tries it again): one unit that always fails must
+        not hold up the cycle. Its file is not quarantined: nothing says its bytes are bad."""
+        self._attempts.pop(unit_key, None)
+        self.units_given_up += 1
+        self.given_up.add(unit_key)
+        log.error("giving up on %s row group %d for this pass after %d failed attempts (the next pass tries it "
+                  "again): %s", unit_key[0], unit_key[1], MAX_UNIT_ATTEMPTS, self.last_error)
+        self._finish(pick)
+
+    def _release_deferred(self) -> None:
+        if not self._deferred or self.planner is None:
+            return
+        now = time.monotonic()
+        due = [p for t, p in self._deferred if t <= now]
+        self._deferred = [(t, p) for t, p in self._deferred if t > now]
+        for pick in due:
+            self.planner.retry(pick)
+
+    # -- results (events from the supervisor's thread) ---------------------------------------------------
+    def on_result(self, r: SampleResult) -> None:
+        """Called on the supervisor's thread: handled on ours."""
+        self.post(lambda: self._result(r))
+
+    def _result(self, r: SampleResult) -> None:
+        self.d.traffic.returned(r)
+        t = r.task
+        if r.ok:
+            self._attempts.pop((t.path, t.row_group), None)
+            self._corrupt.pop((t.path, t.row_group), None)
+            self.given_up.discard((t.path, t.row_group))
+            parts = r.parts or ([(r.staged, r.bytes)] if r.staged else [])
+            for k, (staged, size) in enumerate(parts):
+                self._ingest(dataclasses.replace(r, staged=staged, bytes=size, parts=[],
+                                                 extra={"final": k == len(parts) - 1}))
+            if not parts:
+                self._finish(Pick(t.cycle, t.unit, None))  # type: ignore[arg-type]
+            return
+        pick = Pick(t.cycle, t.unit, None)  # type: ignore[arg-type]
+        kind = r.error_kind or "transient"
+        self.remote_errors += 1
+        self.unit_failures[kind] += 1
+        self.last_error = f"{t.path} row group {t.row_group}: {r.error}"
+        assert self.planner is not None
+        if kind == "schema":
+            self.quarantine(t.path, r.error or "does not fit the dataset's schema", kind="schema")
+            self._finish(pick)
+            return
+        if kind == "disk":
+            self._disk_full(r.error or "no space left", "while staging a shard")
+            self.planner.retry(pick)
+            return
+        if kind == "unreachable":
+            log.warning("sampling failed (remote unreachable): %s", self.last_error)
+            self._backoff_until = time.monotonic() + self.settings.retry_seconds
+            self.planner.retry(pick)
+            return
+        unit_key = (t.path, t.row_group)
+        self._attempts[unit_key] += 1
+        if kind == "corrupt":
+            self._corrupt[unit_key] += 1
+            if self._corrupt[unit_key] >= CORRUPT_CONFIRMATIONS:
+                self._corrupt.pop(unit_key, None)
+                self._attempts.pop(unit_key, None)
+                self.quarantine(t.path, r.error or "unparsable", kind="corrupt")
+                self._finish(pick)
+                return
+            delay = self._defer(pick, unit_key, first=1.0)  # confirm with a fresh read soon
+            log.warning("sampling failed (unparsable bytes; read again in %.1fs to confirm): %s", delay,
+                        self.last_error)
+            return
+        self._corrupt.pop(unit_key, None)
+        if self._attempts[unit_key] >= MAX_UNIT_ATTEMPTS:
+            self._give_up(pick, unit_key)
+            return
+        delay = self._defer(pick, unit_key)
+        log.warning("sampling failed (%s, attempt %d; again in %.1fs): %s", kind, self._attempts[unit_key],
+                    delay, self.last_error)
+
+    def _ingest(self, r: SampleResult, retry: bool = False) -> None:
+        assert self.planner is not None and r.staged is not None
+        self._ingesting += r.bytes
+        fut = self.d.writer.ingest(Path(r.staged), cursor=self.planner.cursor_after, make_room=self.d.make_room)
+        fut.add_done_callback(lambda f: self.post(lambda: self._ingested(f, r, retry)))
+
+    def _retry_held(self) -> None:
+        if not self._held or time.monotonic() < self._held_retry_at or (
+                self.disk_full and time.monotonic() < self._backoff_until):
+            return
+        self._held_retry_at = time.monotonic() + 0.5
+        for _ in range(len(self._held)):
+            self._retrying += 1
+            self._ingest(self._held.popleft(), retry=True)
+
+    def _ingested(self, fut: "Future[Any]", r: SampleResult, retry: bool = False) -> None:
+        assert self.planner is not None
+        exc = fut.exception()
+        self._ingesting -= r.bytes
+        if retry:
+            self._retrying -= 1
+        if isinstance(exc, NoRoom):
+            self._held.append(r)  # backpressure: wait for a lease to end; the budget is never exceeded
+            return
+        if isinstance(exc, lmdb.PanicError):
+            self.d.health.die(f"the LMDB environment cannot go on: {type(exc).__name__}: {exc}")
+            return
+        if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or (
+                isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+                isinstance(exc, lmdb.Error) and any(w in str(exc) for w in ("Input/output", "No space", "quota"))):
+            # LMDB reports a write that failed for want of space as a commit I/O error
+            self._disk_full(f"{type(exc).__name__}: {exc}", "while ingesting")
+            self._held.append(r)  # the shard waits for room
+            return
+        if exc is not None:
+            self.last_error = f"ingest failed: {type(exc).__name__}: {exc}"
+            log.error("%s", self.last_error)
+            if r.staged and isinstance(exc, DamagedShard):
+                where = set_aside(Path(r.staged))  # kept for a look; the unit is sampled again
+                log.error("the damaged staging file is %s", f"in {where}" if where else "dropped")
+            elif r.staged:
+                Path(r.staged).unlink(missing_ok=True)  # the unit is sampled again: a leftover would duplicate it
+            unit_key = (r.task.path, r.task.row_group)
+            self._attempts[unit_key] += 1
+            self._defer(Pick(r.task.cycle, r.task.unit, None), unit_key)  # type: ignore[arg-type]
+            return
+        if r.extra.get("final", True):
+            self.planner.done(r.task.cycle, r.task.unit)
+        done = fut.result()
+        self.evicted_shards += len(done.evicted)
+        if done.shard is not None:
+            self.ingests.append((time.time(), done.shard.rows, done.shard.bytes))
+
+    def _disk_full(self, error: str, where: str) -> None:
+        self.disk_full = f"disk full {where}: {error} (sampling resumes once min_free_disk is free again)"
+        self._backoff_until = time.monotonic() + self.settings.retry_seconds
+        self.last_error = self.disk_full
+        log.error("%s", self.disk_full)
+
+    def quarantine(self, path: str, reason: str, kind: str = "corrupt") -> None:
+        if self.d.catalog.file(path).get("quarantined"):
+            return
+        self.d.writer.put_files({path: quarantined(reason, self.d.catalog.file(path), kind=kind)})
+        log.warning("quarantined %s: %s", path, reason)
+
+    # -- control (run through ``call``) -------------------------------------------------------------------
+    def set_paused(self, paused: bool) -> None:
+        self.user_paused = paused
+        self.refresh_reason()
+
+    def refresh_reason(self) -> None:
+        if self.planner is not None:
+            self.paused_reason = self._why_not_sample()
+
+    def count_evicted(self, fut: "Future[Any]") -> None:
+        """An eviction future's callback (any thread): counted on ours."""
+        def event() -> None:
+            if fut.exception() is None:
+                self.evicted_shards += len(fut.result())
+        self.post(event)
+
+
+def run_scheduler(s: Scheduler, stop: threading.Event) -> None:
+    """The scheduler thread's body: ``step`` forever, supervised."""
+    s.d.health.run_loop("scheduler", s.step, stop, interval=0.0)

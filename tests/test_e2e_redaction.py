@@ -1,0 +1,117 @@
+"""End to end: credentials in a source URL never leave the daemon.
+
+The source is ``http://user:PASSWORD@127.0.0.1:PORT/data/`` served by a small HTTP server with Range support (what
+fsspec's HTTP filesystem needs), one of whose files is garbage (so it shows in the quarantine). The password must
+not appear in ``/v1/status``, ``/v1/shards``, ``/v1/quarantine``, a manifest, or the daemon's log — while the
+daemon still reads the files with it.
+"""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import os
+import re
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from samplecache.service.redact import RedactingFilter, redact
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "Pa55w0rd-sentinel"
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files with ``Range: bytes=a-b`` answered 206 (http.server alone ignores Range)."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def send_head(self) -> Any:
+        path = self.translate_path(self.path)
+        if os.path.isdir(path):
+            return super().send_head()
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            self.send_error(404)
+            return None
+        m = re.match(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+        if m:
+            a = int(m.group(1))
+            b = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
+            body = data[a:b + 1]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {a}-{b}/{len(data)}")
+        else:
+            body = data
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        return io.BytesIO(body)
+
+
+@pytest.fixture
+def http_source(tmp_path: Path) -> Iterator[str]:
+    root = tmp_path / "www"
+    (root / "data").mkdir(parents=True)
+    for i in range(3):
+        table = pa.table({"id": pa.array(range(i * 200, (i + 1) * 200), pa.int64()),
+                          "name": pa.array([f"row {j}" for j in range(200)])})
+        pq.write_table(table, root / "data" / f"part-{i}.parquet", row_group_size=50)
+    (root / "data" / "garbage.parquet").write_bytes(b"not parquet at all " * 100)
+    handler = lambda *a, **k: RangeHandler(*a, directory=str(root), **k)  # noqa: E731
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://reader:{SECRET}@127.0.0.1:{srv.server_port}/data/"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
+
+
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read()  # type: ignore[no-any-return]
+
+
+def test_credentials_in_the_source_url_are_never_shown(daemon: Callable[..., Any], http_source: str,
+                                                        until: Callable[..., Any]) -> None:
+    d = daemon(http_source, samplers=1, extra=["--max-bytes", "64MiB", "--min-free-disk", "1MiB"])
+    until(lambda: json.loads(fetch(d.url + "/v1/status"))["samples"] >= 600, 60, "every good row cached")
+    shown = {name: fetch(d.url + path) for name, path in [
+        ("status", "/v1/status"), ("shards", "/v1/shards?limit=1000"), ("quarantine", "/v1/quarantine"),
+        ("manifest", "/v1/epochs/0"), ("compact manifest", "/v1/epochs/0?format=compact"),
+        ("config", "/v1/config"), ("jobs", "/v1/jobs")]}
+    quarantine = json.loads(shown["quarantine"])
+    assert quarantine["total"] == 1 and quarantine["files"][0]["path"].endswith("garbage.parquet"), quarantine
+    assert "***@" in quarantine["files"][0]["path"]
+    shards = json.loads(shown["shards"])["shards"]
+    assert shards and all("***@127.0.0.1" in s["path"] for s in shards), shards[:2]
+    assert "reader" not in json.loads(shown["status"])["source"]
+    log = d.log_path.read_text()
+    assert "garbage.parquet" in log  # the quarantine was logged...
+    for name, body in [*shown.items(), ("log", log.encode())]:
+        assert SECRET.encode() not in body, f"the password shows in the {name}"
+
+
+def test_redact_masks_userinfo_and_secret_query_parameters() -> None:
+    assert redact("s3://bucket/x") == "s3://bucket/x"
+    assert redact(f"http://u:{SECRET}@h:1/p?a=1") == "http://***@h:1/p?a=1"
+    assert redact("see https://tok@example.com/a and ftp://x:y@z/") == "see https://***@example.com/a and ftp://***@z/"
+    assert redact("https://h/o?X-Amz-Signature=abc&b=2") == "https://h/o?X-Amz-Signature=***&b=2"
+    import logging
+    rec = logging.LogRecord("x", logging.INFO, __file__, 1, "opening %s", (f"http://u:{SECRET}@h/",), None)
+    RedactingFilter().filter(rec)
+    assert SECRET not in rec.getMessage() and "***@h" in rec.getMessage()
