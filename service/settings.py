@@ -16,6 +16,7 @@ from samplecache.service.eviction import POLICIES
 
 Pacing = Literal["epoch", "off"]
 Auth = Literal["token", "off"]
+LogFormat = Literal["text", "json"]
 PACING: tuple[str, ...] = get_args(Pacing)
 MIN_PART_BYTES = 64 << 10  # the smallest shard target
 MIN_BUDGET = 4096  # the smallest max_bytes: one block
@@ -63,6 +64,7 @@ class Settings(BaseSettings):
                              "leased or mapped by a job (older ones are dropped; a GET of one answers 410)")
     retry_seconds: float = Field(5.0, gt=0, description="Back-off (s) after the remote is unreachable")
     log_level: str = Field("info", description="Log level: debug, info, warning, error")
+    log_format: LogFormat = Field("text", description="Log lines as text (for people) or json (one object per line, stable keys, for log shippers)")
 
     @field_validator("columns", mode="before")
     @classmethod
