@@ -12,51 +12,66 @@ import urllib.error
 import urllib.request
 from typing import Any, Iterator, Sequence
 
-from pydantic import ValidationError
 
 from samplecache import __version__
 
 DEFAULT_URL = "http://127.0.0.1:8750"
-SECRET_SETTINGS = ("token", "storage_options")
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _serve_parser(sub: Any) -> None:
+def _setting_flags(p: argparse.ArgumentParser) -> None:
+    """``--config`` and one flag per setting (the default None: not given, so the next source decides)."""
+    from samplecache.service.config import CONFIG_ENV, DEFAULT_CONFIG
     from samplecache.service.settings import Settings
 
-    p = sub.add_parser("serve", help="run the daemon", description="Run the daemon. Every flag can also be "
-                       "set as SAMPLECACHE_<NAME> in the environment (flags win).")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help=f"TOML config file (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG} if it exists); flags and "
+                        f"SAMPLECACHE_* environment win over it")
     for name, field in Settings.model_fields.items():
         kw: dict[str, Any] = {"dest": name, "default": None, "help": field.description}
         if name == "storage_options":
             kw["metavar"] = "JSON"
         p.add_argument(_flag(name), **kw)
+
+
+def _serve_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the daemon", description="Run the daemon. Every setting is a flag, a "
+                       "SAMPLECACHE_<NAME> environment variable and a key of the config file; flags win over the "
+                       "environment, which wins over the file. SIGHUP reloads the settings that can change at run "
+                       "time.")
+    _setting_flags(p)
     # a flag only, never a setting in the environment: under a service manager it would reset on every restart
     p.add_argument("--reset-cache", action="store_true", dest="reset_cache_once",
                    help="drop the cache dir's LMDB cache and staging files, then start empty (the way out of a "
                         "damaged or old-format cache; the sealed epochs are lost)")
 
 
-def _settings_from(args: argparse.Namespace) -> Any:
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
     from samplecache.service.settings import Settings
 
-    given = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
-    return Settings(**given)
+    return {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
 
 
-def _explain(e: ValidationError) -> str:
-    lines = []
-    for err in e.errors():
-        name = ".".join(str(p) for p in err.get("loc", ())) or "settings"
-        got = "<hidden>" if name.split(".")[0] in SECRET_SETTINGS else repr(err.get("input"))
-        lines.append(f"  {_flag(name)} / SAMPLECACHE_{name.upper()}: {err.get('msg')} (got {got})")
-    return "invalid settings:\n" + "\n".join(lines)
+def _load(args: argparse.Namespace) -> Any:
+    """The effective settings and their sources (service/config.py); raises ConfigError."""
+    from samplecache.service.config import load
+
+    return load(_flags(args), getattr(args, "config", None))
 
 
-def _server(config: Any) -> Any:
+def _settings_from(args: argparse.Namespace) -> Any:
+    return _load(args).settings
+
+
+def _set_level(level: str) -> None:
+    for name in ("", "uvicorn", "uvicorn.error"):
+        logging.getLogger(name).setLevel(level.upper())
+
+
+def _server(config: Any, on_hup: Any) -> Any:
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -67,6 +82,7 @@ def _server(config: Any) -> Any:
         def capture_signals(self) -> Iterator[None]:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, self.handle_exit)
+            signal.signal(signal.SIGHUP, lambda signum, frame: on_hup())
             yield
 
     return Server(config)
@@ -77,15 +93,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from samplecache.service.api import create_app
     from samplecache.service.cachedir import DamagedCacheFile, StartupError
-    from samplecache.service.redact import install_log_redaction, redact
+    from samplecache.service.config import ConfigError
     from samplecache.service.daemon import Daemon
+    from samplecache.service.redact import install_log_redaction, redact
+    from samplecache.service.reload import Reloader
     from samplecache.service.remote import RemoteError
 
     try:
-        settings = _settings_from(args)
-    except ValidationError as e:
-        print(f"samplecache serve: {_explain(e)}", file=sys.stderr)
+        loaded = _load(args)
+    except ConfigError as e:
+        print(f"samplecache serve: {e}", file=sys.stderr)
         return 2
+    settings = loaded.settings
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     try:
@@ -97,11 +116,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if "daemon" in locals():
             daemon.stop()
         return 2 if isinstance(e, DamagedCacheFile) else 1
+    reloader = Reloader(_flags(args), args.config, loaded, daemon, _set_level)
+    daemon.config_state = reloader.state
     daemon.start()
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=5, access_log=settings.log_level == "debug")
     try:
-        _server(config).run()
+        _server(config, reloader.request).run()
     finally:
         daemon.stop()
     if daemon.health.fatal:
@@ -184,15 +205,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from samplecache.service.settings import Settings
     from samplecache.service.verify import run_verify
 
+    from samplecache.service.config import ConfigError, load
+
     try:
-        settings = Settings(**({"cache_dir": args.cache_dir} if args.cache_dir else {}))
-    except ValidationError as e:
-        print(f"samplecache verify: {_explain(e)}", file=sys.stderr)
+        settings = load({"cache_dir": args.cache_dir}, args.config).settings
+    except ConfigError as e:
+        print(f"samplecache verify: {e}", file=sys.stderr)
         return 2
     return run_verify(settings.lmdb_path, quick=args.quick, as_json=args.json)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from samplecache.service.config import ConfigError, shown
+
+    try:
+        loaded = _load(args)
+    except ConfigError as e:
+        print(f"samplecache config: {e}", file=sys.stderr)
+        return 2
+    values = shown(loaded.settings)
+    if args.json:
+        print(json.dumps({"config_file": str(loaded.config.path) if loaded.config.path else None,
+                          "settings": {n: {"value": v, "source": loaded.sources[n]} for n, v in values.items()}},
+                         indent=2))
+        return 0
+    print(f"# config file: {loaded.config.path or 'none'}")
+    w = max(len(n) for n in values)
+    vw = min(48, max(len(json.dumps(v)) for v in values.values()))
+    for n, v in values.items():
+        print(f"{n.ljust(w)}  {json.dumps(v).ljust(vw)}  {loaded.sources[n]}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"samplecache {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    c = sub.add_parser("config", help="print the effective settings and where each came from (secrets masked)",
+                       description="Print the settings `samplecache serve` would run with, given the same flags, "
+                                   "environment and config file, and the source of each: flag, env, config "
+                                   "FILE:LINE or default. Exit 2 on a bad value, naming where it came from.")
+    _setting_flags(c)
+    c.add_argument("--json", action="store_true", help="print JSON")
     st = sub.add_parser("status", help="print the daemon's status as a table")
     st.add_argument("--url", default=DEFAULT_URL, help=f"daemon URL (default {DEFAULT_URL})")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -218,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "too); exit 0 clean, 1 damaged, 2 no cache to check")
     v.add_argument("--cache-dir", default=None, help="the daemon's --cache-dir (default: SAMPLECACHE_CACHE_DIR or "
                    "./samplecache-data)")
+    v.add_argument("--config", default=None, metavar="FILE", help="the daemon's config file, for its cache_dir")
     v.add_argument("--quick", action="store_true", help="check block headers and that every block is there, "
                    "not the checksums (reads a page per block)")
     v.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -226,6 +277,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"serve": cmd_serve, "status": cmd_status, "demo": cmd_demo, "bench": cmd_bench,
+    handler = {"serve": cmd_serve, "config": cmd_config, "status": cmd_status, "demo": cmd_demo, "bench": cmd_bench,
                "verify": cmd_verify}[args.command]
     return int(handler(args) or 0)

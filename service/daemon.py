@@ -64,6 +64,7 @@ class Daemon:
             os.close(self._lock_fd)
             raise
         self.health = Health(on_fatal=_exit_on_fatal)
+        self.config_state: dict[str, Any] | None = None  # the config file and the last reload (service/reload.py)
         self.max_bytes = int(settings.max_bytes)
         self.min_free_disk = int(settings.min_free_disk)
         self.policy = settings.eviction_policy
@@ -218,6 +219,14 @@ class Daemon:
                 self.scheduler.complete = False
             self.scheduler.refresh_reason()
         return self.scheduler.call(change)
+
+    def runtime_config(self) -> dict[str, Any]:
+        """The settings that change at run time (PATCH /v1/config, SIGHUP), as in use now."""
+        pacer = self.traffic.pacer
+        return {"max_bytes": self.max_bytes, "eviction_policy": self.policy, "min_free_disk": self.min_free_disk,
+                "epoch_max_samples": self.epochs.max_samples, "pacing": pacer.mode,
+                "replace_per_epoch": pacer.replace_per_epoch, "max_ingest_rate": pacer.max_rate,
+                "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()}
 
     def quarantined(self) -> list[dict[str, Any]]:
         return [{"path": redact(p), "reason": redact(str(i.get("reason", ""))), "kind": i.get("kind", "corrupt"),

@@ -118,7 +118,10 @@ class Status(BaseModel):
     quarantined: list[Quarantined]
     skipped_columns: dict[str, str] = Field(default_factory=dict, description="Source columns left out, and why")
     coverage: dict[str, Any] | None
-    settings: dict[str, Any]
+    settings: dict[str, Any] = Field(description="Settings in use (run-time ones as changed by PATCH /v1/config or a "
+                                     "reload; secrets left out)")
+    config: dict[str, Any] = Field(default_factory=dict, description="The config file, and the last reload (SIGHUP): "
+                                   "when, its error if it failed, and settings that changed but need a restart")
     auth: AuthStatus = Field(description="Whether mutations need the token, and where a client on this host reads it")
     health: dict[str, Any] = Field(default_factory=dict, description="Problems (what /healthz reports), failures per "
                                    "background thread, failed sampling tasks per cause")

@@ -51,9 +51,7 @@ async def resume(d: DaemonDep) -> Any:
 
 
 def _config(d: Any) -> dict[str, Any]:
-    return {"max_bytes": d.max_bytes, "eviction_policy": d.policy, "min_free_disk": d.min_free_disk,
-            "epoch_max_samples": d.epochs.max_samples, "pacing": d.traffic.pacer.mode,
-            "replace_per_epoch": d.traffic.pacer.replace_per_epoch, "max_ingest_rate": d.traffic.pacer.max_rate}
+    return dict(d.runtime_config())
 
 
 def _size(name: str, v: int | str | None) -> int | None:

@@ -1,15 +1,18 @@
-"""The one settings object: flags and SAMPLECACHE_* environment, validated once at start."""
+"""The one settings object: flags, SAMPLECACHE_* environment and a config file (service/config.py), validated
+once at start and again on a reload."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import ByteSize, Field, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from samplecache.service.eviction import POLICIES
 
@@ -21,6 +24,19 @@ PACING: tuple[str, ...] = get_args(Pacing)
 MIN_PART_BYTES = 64 << 10  # the smallest shard target
 MIN_BUDGET = 4096  # the smallest max_bytes: one block
 _SIZE = re.compile(r"\s*\d*\.?\d+\s*[A-Za-z]*\s*")
+
+
+_from_file: ContextVar[dict[str, Any]] = ContextVar("samplecache_config_file", default={})
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    """The values of the config file (service/config.py reads it): below flags and environment, above defaults."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return _from_file.get().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_from_file.get())
 
 
 def default_samplers() -> int:
@@ -65,6 +81,23 @@ class Settings(BaseSettings):
     retry_seconds: float = Field(5.0, gt=0, description="Back-off (s) after the remote is unreachable")
     log_level: str = Field("info", description="Log level: debug, info, warning, error")
     log_format: LogFormat = Field("text", description="Log lines as text (for people) or json (one object per line, stable keys, for log shippers)")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _ConfigFileSource(settings_cls)
+
+    @classmethod
+    def layered(cls, flags: dict[str, Any], file_values: dict[str, Any]) -> "Settings":
+        """Settings from flags (keyword arguments), then the environment, then ``file_values``, then defaults."""
+        token = _from_file.set(dict(file_values))
+        try:
+            return cls(**flags)
+        finally:
+            _from_file.reset(token)
 
     @field_validator("columns", mode="before")
     @classmethod

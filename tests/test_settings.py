@@ -188,6 +188,7 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "EPOCH_WAIT_MAX": "5",
         "RETRY_SECONDS": "0.5",
         "LOG_LEVEL": "DEBUG",
+        "LOG_FORMAT": "json",
         "PACING": "off",
         "REPLACE_PER_EPOCH": "0.5",
         "MAX_INGEST_RATE": "200MB",
@@ -214,6 +215,7 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert (s.node_rank, s.num_nodes) == (1, 4)
     assert int(s.block_bytes) == 256 * 1024
     assert s.epoch_wait_max == 5 and s.retry_seconds == 0.5 and s.log_level == "debug" and s.epochs_kept == 7
+    assert s.log_format == "json"
     assert (s.pacing, s.replace_per_epoch, int(s.max_ingest_rate)) == ("off", 0.5, 200 * 10**6)
     assert int(s.unit_bytes) == 16 * 2**20 and s.schema_file == tmp_path / "schema.parquet"
     assert (s.auth, s.token_file, int(s.max_body_bytes)) == ("token", tmp_path / "token", 64 * 1024)
@@ -318,7 +320,7 @@ def test_every_setting_is_a_serve_flag(name: str, serve_help: str) -> None:
              "epoch_wait_max": "4", "epochs_kept": "9", "retry_seconds": "2", "log_level": "error", "pacing": "off",
              "replace_per_epoch": "0.5", "max_ingest_rate": "1MB", "unit_bytes": "16MiB",
              "schema_file": "/tmp/schema.parquet", "auth": "off", "token_file": "/tmp/token",
-             "max_body_bytes": "2MiB"}.get(name)
+             "max_body_bytes": "2MiB", "log_format": "json"}.get(name)
     if value is None:
         pytest.fail(f"new setting {name!r}: add a sample value to this test")
     args = build_parser().parse_args(["serve", flag, value])
