@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import signal
 import sys
 import urllib.error
@@ -66,11 +65,6 @@ def _settings_from(args: argparse.Namespace) -> Any:
     return _load(args).settings
 
 
-def _set_level(level: str) -> None:
-    for name in ("", "uvicorn", "uvicorn.error"):
-        logging.getLogger(name).setLevel(level.upper())
-
-
 def _server(config: Any, on_hup: Any) -> Any:
     import uvicorn
 
@@ -95,7 +89,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from samplecache.service.cachedir import DamagedCacheFile, StartupError
     from samplecache.service.config import ConfigError
     from samplecache.service.daemon import Daemon
-    from samplecache.service.redact import install_log_redaction, redact
+    from samplecache.service.logfmt import configure_logging, set_level
+    from samplecache.service.redact import redact
     from samplecache.service.reload import Reloader
     from samplecache.service.remote import RemoteError
 
@@ -105,8 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"samplecache serve: {e}", file=sys.stderr)
         return 2
     settings = loaded.settings
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    install_log_redaction()
+    configure_logging(settings.log_level, settings.log_format)  # uvicorn's records too (log_config=None below)
     try:
         daemon = Daemon(settings, reset=bool(getattr(args, "reset_cache_once", False)))
         daemon.check_remote()
@@ -116,11 +110,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if "daemon" in locals():
             daemon.stop()
         return 2 if isinstance(e, DamagedCacheFile) else 1
-    reloader = Reloader(_flags(args), args.config, loaded, daemon, _set_level)
+    reloader = Reloader(_flags(args), args.config, loaded, daemon, set_level)
     daemon.config_state = reloader.state
     daemon.start()
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=5, access_log=settings.log_level == "debug")
+                            log_config=None, timeout_graceful_shutdown=5, access_log=settings.log_level == "debug")
     try:
         _server(config, reloader.request).run()
     finally:
