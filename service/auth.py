@@ -79,7 +79,8 @@ def _read(path: Path) -> str | None:
     except UnicodeDecodeError:
         raise StartupError(f"token file {path} is not UTF-8 text: remove it (a new one is created)") from None
     if st.st_mode & 0o007:
-        log.warning("token file %s can be read by every user (mode %o): chmod 640 it", path, st.st_mode & 0o777)
+        log.warning("token file %s can be read by every user (mode %o): chmod 640 it", path, st.st_mode & 0o777,
+                    extra={"event": "token_file_readable", "path": str(path)})
     return token or None
 
 
@@ -100,7 +101,8 @@ def _create(path: Path) -> str:
         os.fsync(fd)
     finally:
         os.close(fd)
-    log.info("created the API token file %s (mode 0640)", path)
+    log.info("created the API token file %s (mode 0640)", path,
+             extra={"event": "token_file_created", "path": str(path)})
     return token
 
 
@@ -115,7 +117,8 @@ def resolve_token(settings: "Settings") -> str | None:
     if token is not None:
         return token
     if path.exists() or path.is_symlink():  # an empty regular file: a start that died while writing it
-        log.warning("token file %s is empty: writing a new token", path)
+        log.warning("token file %s is empty: writing a new token", path,
+                    extra={"event": "token_file_empty", "path": str(path)})
         path.unlink()
     return _create(path)
 

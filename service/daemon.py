@@ -58,7 +58,8 @@ class Daemon:
         try:
             if reset:
                 reset_cache(settings)
-                log.warning("--reset-cache: the LMDB cache and staging files of %s were dropped", settings.cache_dir)
+                log.warning("--reset-cache: the LMDB cache and staging files of %s were dropped", settings.cache_dir,
+                            extra={"event": "cache_reset", "path": str(settings.cache_dir)})
             check_lmdb_file(settings.lmdb_path)  # a damaged file: one line and exit 2, never SIGBUS
         except BaseException:
             os.close(self._lock_fd)
@@ -185,9 +186,10 @@ class Daemon:
             except Exception as e:  # disk full, I/O error, damage: keep the daemon starting
                 where = set_aside(path)
                 log.error("could not ingest the leftover staging file %s (%s: %s); %s; its unit will be sampled "
-                          "again", path.name, type(e).__name__, e, f"moved to {where}" if where else "dropped")
+                          "again", path.name, type(e).__name__, e, f"moved to {where}" if where else "dropped",
+                          extra={"event": "staging_recovery_failed", "path": str(path)})
         if n:
-            log.info("recovered %d staging file(s) from the previous run", n)
+            log.info("recovered %d staging file(s) from the previous run", n, extra={"event": "staging_recovered"})
 
     # -- budget ------------------------------------------------------------------------------
     def make_room(self, incoming: int) -> EvictionPlan:
@@ -248,6 +250,9 @@ class Daemon:
     def expire_leases(self) -> None:
         gone = self.leases.expire()
         for lease in gone:
+            log.info("lease %s on epoch %d expired (job %s): its reader stopped heartbeating", lease.id, lease.epoch,
+                     lease.job, extra={"event": "lease_expired", "lease": lease.id, "epoch": lease.epoch,
+                                       "job": lease.job})
             self.lease_ended(lease)
         if self.jobs.expire(self.leases.jobs()) or gone:
             self.persist_leases()

@@ -73,21 +73,24 @@ class Discovery:
                 info["seq"] = seq
                 fresh.append(path)
             elif info.get("quarantined"):
-                log.warning("%s is still unreadable after it changed or was released: %s", path, info["reason"])
+                log.warning("%s is still unreadable after it changed or was released: %s", path, info["reason"],
+                            extra={"event": "quarantine_kept", "path": path, "error_class": info.get("kind")})
                 info = found[path] = dict(old, reason=info["reason"], at=info["at"], signature=sigs.get(path))
                 info.pop("recheck", None)
             else:
                 info["seq"] = old.get("seq", seq)
                 if not old.get("row_groups") or old.get("units") not in (None, info.get("units")):
                     fresh.append(path)  # new units; any old ones are skipped as stale (scheduler.unit_current)
-                log.info("%s leaves quarantine (%s)", path, "released" if old.get("recheck") else "it changed")
+                log.info("%s leaves quarantine (%s)", path, "released" if old.get("recheck") else "it changed",
+                         extra={"event": "quarantine_left", "path": path})
         self.writer.put_files(found).result()
         if self.schema is None:
             reasons = sorted({i["reason"] for i in found.values() if i.get("quarantined")})
             raise RemoteError(f"no readable Parquet file under source {self.remote.url!r}"
                               + (": " + "; ".join(reasons[:3]) if reasons else ""))
         if new:
-            log.info("source %s: %d new file(s)", self.remote.url, len(new))
+            log.info("source %s: %d new file(s)", self.remote.url, len(new),
+                     extra={"event": "files_discovered", "path": self.remote.url})
         return sorted(p for p in fresh if not found[p].get("quarantined") or p in new)
 
     def _footer(self, path: str) -> tuple[str, dict[str, Any], pa.Schema | None] | None:
@@ -104,9 +107,11 @@ class Discovery:
                 raise
             if kind != "corrupt":
                 log.warning("cannot read the footer of %s (%s: %s); trying again at the next listing",
-                            path, type(e).__name__, e)
+                            path, type(e).__name__, e,
+                            extra={"event": "footer_unreadable", "path": path, "error_class": kind})
                 return None
-            log.warning("quarantined %s: unreadable footer: %s: %s", path, type(e).__name__, e)
+            log.warning("quarantined %s: unreadable footer: %s: %s", path, type(e).__name__, e,
+                        extra={"event": "file_quarantined", "path": path, "error_class": "corrupt"})
             return path, quarantined(f"unreadable footer: {type(e).__name__}: {e}", kind="corrupt"), None
 
     def _check_schemas(self, footers: list[tuple[str, dict[str, Any], pa.Schema | None]]) -> dict[str, dict[str, Any]]:
@@ -126,7 +131,8 @@ class Discovery:
                     target = unify(target, norm)
             except SchemaConflict as e:
                 found[path] = quarantined(f"schema: {e}", info, kind="schema")
-                log.warning("quarantined %s: %s", path, e)
+                log.warning("quarantined %s: %s", path, e,
+                            extra={"event": "file_quarantined", "path": path, "error_class": "schema"})
         if self.target is None and target is not None:
             try:
                 schema, skipped = infer_schema(target, self.columns)
@@ -136,7 +142,7 @@ class Discovery:
                                   "arrow_schema": str(target), "arrow_schema_ipc": to_text(target)}).result()
             self.schema, self.skipped, self.target = schema, skipped, target
             for name, why in skipped.items():
-                log.warning("column %r is left out: %s", name, why)
+                log.warning("column %r is left out: %s", name, why, extra={"event": "column_skipped"})
         return found
 
 

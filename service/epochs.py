@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any, Callable
 
@@ -19,6 +20,8 @@ from samplecache.record import FORMAT_VERSION
 from samplecache.service.catalog import Catalog, Shard
 from samplecache.service.leases import LeaseTable
 from samplecache.service.writer import Writer
+
+log = logging.getLogger("samplecache.epochs")
 
 
 def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) -> list[Shard]:
@@ -138,12 +141,17 @@ class EpochManager:
         previous = set(self.shard_ids(epoch - 1)) if epoch > 0 else set()
         fields = self.manifest_fields()
         key = self._made_from()
+        made: list[list[Shard]] = []  # the shards it names, once built (not when it was there already)
 
         def build() -> dict[str, Any]:
-            chosen = select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch)
-            return build_manifest(epoch, chosen, previous=previous, **fields)
+            made.append(select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch))
+            return build_manifest(epoch, made[0], previous=previous, **fields)
 
         raw = await asyncio.wrap_future(self.writer.seal(epoch, build, self.keep_last, self.kept_epochs))
+        if made:
+            rows = sum(s.rows for s in made[0])
+            log.info("epoch %d sealed: %d shards, %d samples", epoch, len(made[0]), rows,
+                     extra={"event": "epoch_sealed", "epoch": epoch, "rows": rows})
         self._sealed_from = {epoch: key} if cap <= 0 else {}
         self.on_new_epoch(epoch)
         return raw

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -54,7 +53,7 @@ class Health:
         t = self.thread(name)
         t.last_beat = time.monotonic()
         if t.failing_since is not None:
-            log.info("%s recovered after %d failure(s)", name, t.failures)
+            log.info("%s recovered after %d failure(s)", name, t.failures, extra={"event": "thread_recovered"})
             t.failing_since = None
 
     def failed(self, name: str, exc: BaseException) -> None:
@@ -64,8 +63,8 @@ class Health:
         now = time.monotonic()
         if t.failing_since is None:
             t.failing_since = now
-        log.error("%s thread failed (%d so far): %s\n%s", name, t.failures, t.last_error,
-                  "".join(traceback.format_exception(exc)).rstrip())
+        log.error("%s thread failed (%d so far): %s", name, t.failures, t.last_error, exc_info=exc,
+                  extra={"event": "thread_failed"})
         if now - t.failing_since >= self.fatal_after:
             self.die(f"{name} has failed for {now - t.failing_since:.0f}s: {t.last_error}")
 
@@ -75,7 +74,8 @@ class Health:
             if self.fatal is not None:
                 return
             self.fatal = reason
-        log.critical("fatal: %s; exiting so the service manager restarts the daemon", reason)
+        log.critical("fatal: %s; exiting so the service manager restarts the daemon", reason,
+                     extra={"event": "daemon_fatal"})
         if self.on_fatal is not None:
             self.on_fatal(reason)
 

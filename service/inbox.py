@@ -44,7 +44,8 @@ class Inbox:
                 event()
             except Exception:  # one bad event must not stop the others
                 self.failed_events += 1
-                log.exception("an event of the scheduler failed (%d so far)", self.failed_events)
+                log.exception("an event of the scheduler failed (%d so far)", self.failed_events,
+                              extra={"event": "scheduler_event_failed"})
             try:
                 event = self._q.get_nowait()
             except queue.Empty:

@@ -111,7 +111,7 @@ class JobTable:
                     raise self._unknown(name)
                 job = self._jobs[name] = Job(name=name, run=run, created_at=now, last_seen=now)
                 self._trim()
-                log.info("job %s: started", name)
+                log.info("job %s: started", name, extra={"event": "job_started", "job": name})
                 return job
             if run == job.run:
                 job.last_seen, job.expired = now, False
@@ -119,7 +119,8 @@ class JobTable:
             if run in job.superseded:
                 raise self._taken_over(job)
             log.warning("job %s: a new run takes it over at job epoch %d (the previous run, if still alive, "
-                        "gets 409 on its next request)", name, job.last_epoch() + 1)
+                        "gets 409 on its next request)", name, job.last_epoch() + 1,
+                        extra={"event": "job_taken_over", "job": name, "epoch": job.last_epoch() + 1})
             job.superseded = (job.superseded + [job.run])[-SUPERSEDED_KEPT:]
             job.run, job.runs = run, job.runs + 1
             job.start_epoch = job.last_epoch() + 1
@@ -191,7 +192,7 @@ class JobTable:
                     gone.append(job)
         for job in gone:
             log.info("job %s: expired (no lease and no request for %.0fs); what it pinned is released",
-                     job.name, self.ttl)
+                     job.name, self.ttl, extra={"event": "job_expired", "job": job.name})
         return gone
 
     def _trim(self) -> None:

@@ -24,7 +24,7 @@ import lmdb
 from samplecache.service.discovery import quarantined
 from samplecache.service.inbox import Inbox
 from samplecache.service.planner import Pick, Planner, Unit, build_units
-from samplecache.service.remote import RemoteError
+from samplecache.service.remote import RemoteError, classify_error
 from samplecache.service.sampler import SampleResult, SampleTask
 from samplecache.service.staging import set_aside
 from samplecache.service.writer import DamagedShard, NoRoom
@@ -106,7 +106,8 @@ class Scheduler:
                 self.planner = Planner(units, seed=self.settings.seed, node_rank=self.settings.node_rank,
                                        num_nodes=self.settings.num_nodes, cursor=self.d.catalog.meta("cursor"))
                 log.info("source %s: %d files, %d row groups (%d on this node)", self.d.source_shown,
-                         len(files), len(units), len(self.planner))
+                         len(files), len(units), len(self.planner),
+                         extra={"event": "source_planned", "path": self.d.source_shown})
                 self.last_error = None
             elif new and self.planner is not None:
                 self.planner.add_units(build_units({p: files[p] for p in new}))
@@ -116,7 +117,8 @@ class Scheduler:
         except Exception as e:  # remote down or bad: report, retry
             self.last_error = str(e) if isinstance(e, RemoteError) else f"{type(e).__name__}: {e}"
             self.remote_errors += 1
-            log.warning("remote: %s (retrying in %.0fs)", self.last_error, self.settings.retry_seconds)
+            log.warning("remote: %s (retrying in %.0fs)", self.last_error, self.settings.retry_seconds,
+                        extra={"event": "discovery_failed", "error_class": classify_error(e)})
             self._next_discovery = time.monotonic() + self.settings.retry_seconds
 
     def discover_soon(self) -> None:
@@ -134,7 +136,8 @@ class Scheduler:
             if free < self.d.min_free_disk or time.monotonic() < self._backoff_until:
                 return self.disk_full
             self.disk_full = None
-            log.info("disk space is back (%d bytes free for shards): sampling resumes", free)
+            log.info("disk space is back (%d bytes free for shards): sampling resumes", free,
+                     extra={"event": "disk_space_back"})
         if self._held or self._retrying:
             pinned = sorted(self.d.epochs.pinned_epochs())
             waiting = len(self._held) + self._retrying
@@ -234,14 +237,15 @@ class Scheduler:
         self._deferred.append((time.monotonic() + delay, pick))
         return delay
 
-    def _give_up(self, pick: Pick, unit_key: tuple[str, int]) -> None:
+    def _give_up(self, pick: Pick, unit_key: tuple[str, int], kind: str) -> None:
         """Stop retrying a unit for this pass (the next pass tries it again): one unit that always fails must
         not hold up the cycle. Its file is not quarantined: nothing says its bytes are bad."""
         self._attempts.pop(unit_key, None)
         self.units_given_up += 1
         self.given_up.add(unit_key)
         log.error("giving up on %s row group %d for this pass after %d failed attempts (the next pass tries it "
-                  "again): %s", unit_key[0], unit_key[1], MAX_UNIT_ATTEMPTS, self.last_error)
+                  "again): %s", unit_key[0], unit_key[1], MAX_UNIT_ATTEMPTS, self.last_error,
+                  extra={"event": "unit_given_up", "path": unit_key[0], "unit": unit_key[1], "error_class": kind})
         self._finish(pick)
 
     def _release_deferred(self) -> None:
@@ -277,6 +281,7 @@ class Scheduler:
         self.remote_errors += 1
         self.unit_failures[kind] += 1
         self.last_error = f"{t.path} row group {t.row_group}: {r.error}"
+        failed = {"event": "sample_failed", "path": t.path, "unit": t.row_group, "error_class": kind}
         assert self.planner is not None
         if kind == "schema":
             self.quarantine(t.path, r.error or "does not fit the dataset's schema", kind="schema")
@@ -287,7 +292,7 @@ class Scheduler:
             self.planner.retry(pick)
             return
         if kind == "unreachable":
-            log.warning("sampling failed (remote unreachable): %s", self.last_error)
+            log.warning("sampling failed (remote unreachable): %s", self.last_error, extra=failed)
             self._backoff_until = time.monotonic() + self.settings.retry_seconds
             self.planner.retry(pick)
             return
@@ -303,15 +308,15 @@ class Scheduler:
                 return
             delay = self._defer(pick, unit_key, first=1.0)  # confirm with a fresh read soon
             log.warning("sampling failed (unparsable bytes; read again in %.1fs to confirm): %s", delay,
-                        self.last_error)
+                        self.last_error, extra=failed)
             return
         self._corrupt.pop(unit_key, None)
         if self._attempts[unit_key] >= MAX_UNIT_ATTEMPTS:
-            self._give_up(pick, unit_key)
+            self._give_up(pick, unit_key, kind)
             return
         delay = self._defer(pick, unit_key)
         log.warning("sampling failed (%s, attempt %d; again in %.1fs): %s", kind, self._attempts[unit_key],
-                    delay, self.last_error)
+                    delay, self.last_error, extra=failed)
 
     def _ingest(self, r: SampleResult, retry: bool = False) -> None:
         assert self.planner is not None and r.staged is not None
@@ -349,10 +354,12 @@ class Scheduler:
             return
         if exc is not None:
             self.last_error = f"ingest failed: {type(exc).__name__}: {exc}"
-            log.error("%s", self.last_error)
+            log.error("%s", self.last_error, extra={"event": "ingest_failed", "path": r.task.path,
+                                                    "unit": r.task.row_group})
             if r.staged and isinstance(exc, DamagedShard):
                 where = set_aside(Path(r.staged))  # kept for a look; the unit is sampled again
-                log.error("the damaged staging file is %s", f"in {where}" if where else "dropped")
+                log.error("the damaged staging file is %s", f"in {where}" if where else "dropped",
+                          extra={"event": "staging_set_aside", "path": str(where or r.staged)})
             elif r.staged:
                 Path(r.staged).unlink(missing_ok=True)  # the unit is sampled again: a leftover would duplicate it
             unit_key = (r.task.path, r.task.row_group)
@@ -365,18 +372,23 @@ class Scheduler:
         self.evicted_shards += len(done.evicted)
         if done.shard is not None:
             self.ingests.append((time.time(), done.shard.rows, done.shard.bytes))
+            s = done.shard
+            log.info("shard %d ingested: %d rows, %d bytes from %s row group %d (%d evicted for room)", s.id, s.rows,
+                     s.bytes, s.path, s.row_group, len(done.evicted), extra={"event": "shard_ingested", "shard": s.id,
+                     "rows": s.rows, "bytes": s.bytes, "path": s.path, "unit": s.row_group})
 
     def _disk_full(self, error: str, where: str) -> None:
         self.disk_full = f"disk full {where}: {error} (sampling resumes once min_free_disk is free again)"
         self._backoff_until = time.monotonic() + self.settings.retry_seconds
         self.last_error = self.disk_full
-        log.error("%s", self.disk_full)
+        log.error("%s", self.disk_full, extra={"event": "disk_full"})
 
     def quarantine(self, path: str, reason: str, kind: str = "corrupt") -> None:
         if self.d.catalog.file(path).get("quarantined"):
             return
         self.d.writer.put_files({path: quarantined(reason, self.d.catalog.file(path), kind=kind)})
-        log.warning("quarantined %s: %s", path, reason)
+        log.warning("quarantined %s: %s", path, reason,
+                    extra={"event": "file_quarantined", "path": path, "error_class": kind})
 
     # -- control (run through ``call``) -------------------------------------------------------------------
     def set_paused(self, paused: bool) -> None:

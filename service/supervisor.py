@@ -122,7 +122,7 @@ class Supervisor:
             self._serve()
         except BaseException as e:  # reported by problem() through /healthz
             self.failure = f"{type(e).__name__}: {e}"
-            log.exception("the sampler pool's thread failed")
+            log.exception("the sampler pool's thread failed", extra={"event": "sampler_pool_failed"})
             raise
 
     def _serve(self) -> None:
@@ -149,7 +149,7 @@ class Supervisor:
         try:
             self.on_result(result)
         except Exception:  # a bad callback must not kill the pool
-            log.exception("result handler failed")
+            log.exception("result handler failed", extra={"event": "result_handler_failed"})
 
     def _replace(self, dead: _Worker) -> None:
         dead.proc.join(timeout=1)
@@ -162,9 +162,10 @@ class Supervisor:
                 self.failure = None
             except OSError as e:  # out of memory or processes: try again on the next turn
                 self.failure = f"cannot start a sampler process: {type(e).__name__}: {e}"
-                log.error("%s", self.failure)
+                log.error("%s", self.failure, extra={"event": "sampler_start_failed"})
             self.restarts += 1
-        log.warning("sampler process died (exit code %s); replaced", code)
+        log.warning("sampler process died (exit code %s); replaced", code, extra={
+            "event": "sampler_died", "path": task.path if task else None, "unit": task.row_group if task else None})
         if task is not None:
             self._deliver(SampleResult(task=task, ok=False, error_kind="transient",
                                        error=f"sampler process died with exit code {code}"))

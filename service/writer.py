@@ -120,7 +120,8 @@ class Writer:
             try:
                 staged = read_staged(staged_path)
             except StagingError as e:
-                log.warning("dropping unreadable staging file %s: %s", staged_path.name, e)
+                log.warning("dropping unreadable staging file %s: %s", staged_path.name, e,
+                            extra={"event": "staging_dropped", "path": str(staged_path)})
                 staged_path.unlink(missing_ok=True)
                 raise  # not ingested: the caller samples its unit again (never marked done without a shard)
             try:
