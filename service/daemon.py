@@ -22,6 +22,7 @@ from samplecache.service.errors import NotFound
 from samplecache.service.eviction import EvictionPlan, plan_eviction
 from samplecache.service.files import make_dir
 from samplecache.service.health import Health
+from samplecache.service.history import History, Recorder
 from samplecache.service.jobs import JobTable
 from samplecache.service.leases import Lease, LeaseTable
 from samplecache.service.pacing import Pacer
@@ -100,6 +101,8 @@ class Daemon:
             os.close(self._lock_fd)
             raise StartupError(str(e)) from None
         self.scheduler = Scheduler(self)
+        self.history = History()  # the status page's charts (GET /)
+        self.recorder = Recorder(self, self.history)
         self.supervisor = Supervisor(settings.samplers, self.scheduler.on_result)
         self.health.add_check("writer", lambda: None if self.writer.alive() else "the LMDB writer thread is not running")
         self.health.add_check("samplers", self.supervisor.problem)
@@ -157,6 +160,10 @@ class Daemon:
         self.supervisor.start()
         t = threading.Thread(target=run_scheduler, args=(self.scheduler, self._stop), name="samplecache-scheduler",
                              daemon=True)
+        t.start()
+        self._threads.append(t)
+        t = threading.Thread(target=self.health.run_loop, name="samplecache-history", daemon=True,
+                             args=("history", self.recorder.step, self._stop, self.history.interval))
         t.start()
         self._threads.append(t)
 
