@@ -10,6 +10,10 @@ if ! command -v ip >/dev/null 2>&1; then
   # tests/test_multinode.py makes network namespaces (Debian package iproute2)
   (apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null) || echo "warning: could not install iproute2" >&2
 fi
+if ! command -v chromium >/dev/null 2>&1; then
+  # tests/test_status_page.py and tests/test_docs_offline.py render pages in headless Chromium (Debian package chromium)
+  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium" >&2
+fi
 bash scripts/setup.sh test
 # the peers of the benchmark suite (its CI smoke run verifies every loader row); never fatal
 bash benchmarks/install_peers.sh || echo "warning: benchmark peers not installed; their rows will say so" >&2

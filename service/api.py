@@ -15,7 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from samplecache import __version__
-from samplecache.service import routes_control, routes_epochs, routes_jobs, routes_quarantine
+from samplecache.service import page, routes_control, routes_epochs, routes_jobs, routes_quarantine
+from samplecache.service.apidocs import add_docs
 from samplecache.service.auth import resolve_token
 from samplecache.service.daemon import Daemon
 from samplecache.service.deps import DaemonDep
@@ -70,8 +71,10 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
         finally:
             await asyncio.to_thread(d.stop)
 
-    app = FastAPI(title="samplecache", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="samplecache", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="A per-host cache of a growing random sample of a remote Parquet dataset.")
+    add_docs(app)  # /docs served offline (apidocs.py); no /redoc
+    app.include_router(page.router)  # GET /: the status page
     app.include_router(routes_epochs.router)
     app.include_router(routes_control.router)
     app.include_router(routes_jobs.router)
