@@ -119,10 +119,12 @@ class Discovery:
         found: dict[str, dict[str, Any]] = {}
         fixed = self.target if self.target is not None else self.pinned
         target = fixed
+        names: dict[str, None] = {}  # the files' own columns (normalize keeps only the wanted ones), for errors
         for path, info, schema in footers:
             found[path] = info
             if schema is None:
                 continue
+            names.update(dict.fromkeys(schema.names))
             norm = normalize(schema, self.columns)
             try:
                 if fixed is not None:
@@ -135,7 +137,7 @@ class Discovery:
                             extra={"event": "file_quarantined", "path": path, "error_class": "schema"})
         if self.target is None and target is not None:
             try:
-                schema, skipped = infer_schema(target, self.columns)
+                schema, skipped = infer_schema(target, self.columns, list(names))
             except UnsupportedColumn as e:
                 raise RemoteError(f"source {self.remote.url!r}: {e}") from None
             self.writer.put_meta({"schema": schema.to_json(), "skipped_columns": skipped,

@@ -117,12 +117,15 @@ def hf_features(arrow_schema: pa.Schema) -> dict[str, dict[str, Any]]:
     return out
 
 
-def infer_schema(arrow_schema: pa.Schema, columns: Sequence[str] | None = None) -> tuple[Schema, dict[str, str]]:
-    """Record schema of the wanted columns, plus {column: reason} for columns left out."""
+def infer_schema(arrow_schema: pa.Schema, columns: Sequence[str] | None = None,
+                 source_names: Sequence[str] | None = None) -> tuple[Schema, dict[str, str]]:
+    """Record schema of the wanted columns, plus {column: reason} for columns left out. ``source_names``: the
+    source's own columns, named when a wanted one is missing (``arrow_schema`` may hold only the wanted ones)."""
     wanted = list(columns) if columns else list(arrow_schema.names)
     missing = [c for c in wanted if c not in arrow_schema.names]
     if missing:
-        raise UnsupportedColumn(f"columns {missing} are not in the source schema {arrow_schema.names}")
+        names = list(source_names) if source_names is not None else arrow_schema.names
+        raise UnsupportedColumn(f"columns {missing} are not in the source schema {names}")
     hf = hf_features(arrow_schema)
     cols, skipped = [], {}
     for name in wanted:

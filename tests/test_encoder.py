@@ -104,6 +104,17 @@ def test_unknown_columns_are_an_error_naming_them() -> None:
     assert "nope" in str(ei.value) and "also_missing" in str(ei.value)
 
 
+def test_unknown_column_error_names_the_source_columns_not_the_projection() -> None:
+    """Discovery hands infer_schema the schema already cut down to the wanted columns; the message still lists
+    every column the source has (``--columns id,nope`` on a file of ``id, s``)."""
+    projected = pa.schema([pa.field("id", pa.int64())])
+    with pytest.raises(UnsupportedColumn) as ei:
+        infer_schema(projected, ["id", "nope"], source_names=["id", "s"])
+    assert str(ei.value) == "columns ['nope'] are not in the source schema ['id', 's']"
+    with pytest.raises(UnsupportedColumn, match=r"not in the source schema \['id'\]$"):
+        infer_schema(projected, ["id", "nope"])  # without source_names: the schema it was given
+
+
 def _odd_schema() -> pa.Schema:
     return pa.schema([
         pa.field("id", pa.int64()),
