@@ -22,6 +22,7 @@ from samplecache.service.daemon import Daemon
 from samplecache.service.deps import DaemonDep
 from samplecache.service.errors import Conflict, Gone, Invalid, NotFound, NotReady, ServiceError
 from samplecache.service.gate import RequestGate
+from samplecache.service.metrics import add_metrics
 from samplecache.service.models import Health, Problem, SchemaOut, Status
 from samplecache.service.settings import Settings
 from samplecache.service.status import status_of
@@ -64,6 +65,7 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         d = daemon or Daemon(settings)
         app.state.daemon = d
+        metrics.start(d)  # GET /metrics reads d; the HTTP timer learns the route templates
         if daemon is None:
             d.start()
         try:
@@ -81,6 +83,7 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
     app.include_router(routes_quarantine.router)
     app.state.token = resolve_token(settings)  # StartupError when the token file cannot be used
     app.add_middleware(RequestGate, token=app.state.token, max_body_bytes=int(settings.max_body_bytes))
+    metrics = add_metrics(app, daemon)  # GET /metrics; its HTTP timer goes outside the gate
 
     async def _typed(request: Request, exc: Exception) -> JSONResponse:
         return problem_reply(exc)

@@ -11,6 +11,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
@@ -72,6 +73,12 @@ class Writer:
         self._q: "queue.Queue[tuple[Callable[[lmdb.Transaction], Any], Callable[[Any], None] | None, Future[Any]] | None]" = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="samplecache-writer", daemon=True)
         self.commits = 0
+        # what GET /metrics counts (since start): shards ingested, and shards evicted by reason (ingest: to make
+        # room for a new shard; config: the budget or the policy changed)
+        self.ingested = {"shards": 0, "rows": 0, "bytes": 0}
+        self.evicted: Counter[str] = Counter()
+        self.evicted_bytes: Counter[str] = Counter()
+        self.observe_ingest: Callable[[float], None] = lambda seconds: None  # seconds from ingest() to commit
         self._thread.start()
 
     # -- the thread ------------------------------------------------------------------------
@@ -116,6 +123,8 @@ class Writer:
         pinned shards, and DamagedShard when a block fails its checksum. ``shard`` is None when the file
         was already ingested.
         """
+        submitted = time.monotonic()
+
         def op(txn: lmdb.Transaction) -> Ingested:
             try:
                 staged = read_staged(staged_path)
@@ -157,11 +166,13 @@ class Writer:
                 staged.close()
 
         def after(done: Ingested) -> None:
-            for sid in done.evicted:
-                self.catalog.removed_shard(sid)
+            self._removed(done.evicted, "ingest")
             if done.shard is not None:
                 self.catalog.added_shard(done.shard)
                 self.catalog.set_meta("next_shard", done.shard.id + 1)
+                for k, v in (("shards", 1), ("rows", done.shard.rows), ("bytes", done.shard.bytes)):
+                    self.ingested[k] += v
+                self.observe_ingest(time.monotonic() - submitted)
             staged_path.unlink(missing_ok=True)
 
         return self.submit(op, after)
@@ -257,7 +268,15 @@ class Writer:
             return plan.evict
 
         def after(evicted: tuple[int, ...]) -> None:
-            for sid in evicted:
-                self.catalog.removed_shard(sid)
+            self._removed(evicted, "config")
 
         return self.submit(op, after)
+
+    def _removed(self, shard_ids: Sequence[int], reason: str) -> None:
+        """Evicted shards leave the catalog (after their commit), counted by ``reason``."""
+        for sid in shard_ids:
+            s = self.catalog.shard(sid)
+            self.catalog.removed_shard(sid)
+            if s is not None:
+                self.evicted[reason] += 1
+                self.evicted_bytes[reason] += s.bytes
