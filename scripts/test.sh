@@ -17,4 +17,19 @@ fi
 bash scripts/setup.sh test
 # the peers of the benchmark suite (its CI smoke run verifies every loader row); never fatal
 bash benchmarks/install_peers.sh || echo "warning: benchmark peers not installed; their rows will say so" >&2
-exec .venv/bin/python -m pytest -q "$@"
+# A private temp dir for the run, which must be empty at the end: tests keep their files under their own dirs and
+# pytest removes its base temp dir after a run that passed (a failed run keeps the failed tests' tmp_path).
+run_tmp="$(mktemp -d "${TMPDIR:-/tmp}/samplecache-tests.XXXXXX")"
+code=0
+TMPDIR="$run_tmp" .venv/bin/python -m pytest -q "$@" || code=$?
+if [ "$code" -ne 0 ]; then
+  echo "tests failed; their temp files are in $run_tmp" >&2
+elif [ -n "$(ls -A "$run_tmp")" ]; then
+  echo "FAILED: the test run left files in its temp dir (TMPDIR):" >&2
+  (cd "$run_tmp" && find . -mindepth 1 -maxdepth 3 | sort | head -50) >&2
+  rm -rf "$run_tmp"
+  code=1
+else
+  rmdir "$run_tmp"
+fi
+exit "$code"

@@ -43,6 +43,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+# ----------------------------------------------------------------------------- nothing left in the temp dir
+_TEMP_ROOTS: list[Path] = []  # pytest's pytest-of-<user> dir of this run, removed at the end when empty
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_caches_in_the_test_dir(tmp_path_factory: pytest.TempPathFactory,
+                                 request: pytest.FixtureRequest) -> Iterator[None]:
+    """torch's compile cache (made at the first optimizer step, in this process and in the subprocesses that
+    inherit the environment) goes under this run's base temp dir, not <system temp>/torchinductor_<user>."""
+    base = tmp_path_factory.getbasetemp()
+    if request.config.option.basetemp is None:
+        _TEMP_ROOTS.append(base.parent)
+    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("torchinductor"))
+    os.environ["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton"))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # pytest removes its base temp dir after a run that passed (tmp_path_retention_policy = "failed") but keeps
+    # the pytest-of-<user> dir around it; rmdir removes that only when empty (another run's dir keeps it)
+    for root in _TEMP_ROOTS:
+        try:
+            root.rmdir()
+        except OSError:
+            pass
+
+
 # ----------------------------------------------------------------------------- S3 and the dataset
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
