@@ -36,6 +36,10 @@ class Discovery:
         self._target_text: tuple[pa.Schema, str] | None = None
         self.pinned = load_schema_file(schema_file) if schema_file else None
         if self.pinned is not None:
+            lacking = [c for c in columns or () if c not in self.pinned.names]
+            if lacking:
+                raise SchemaConflict(f"--schema-file {schema_file} has no column {lacking}; it has "
+                                     f"{self.pinned.names}")
             self.pinned = normalize(self.pinned, columns)
             if self.target is not None and not self.target.equals(self.pinned):
                 raise SchemaConflict(f"--schema-file {schema_file} differs from the schema this cache dir was "

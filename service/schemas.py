@@ -96,6 +96,8 @@ def from_text(text: str) -> pa.Schema:
 
 def load_schema_file(path: Path) -> pa.Schema:
     """The schema of a Parquet file or an Arrow IPC (file or stream) file."""
+    if not path.is_file():
+        raise SchemaConflict(f"--schema-file {path}: no such file")
     errors = []
     readers: list[Callable[[], pa.Schema]] = [lambda: pq.read_schema(path), lambda: pa.ipc.open_file(path).schema,
                                               lambda: pa.ipc.open_stream(path).schema]

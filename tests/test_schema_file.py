@@ -1,0 +1,199 @@
+"""``--schema-file``: reading the pinned schema (service/schemas.py ``load_schema_file``), the check that a file
+fits it without widening it (``check_fits``), and discovery's use of both (a file:// source: unit tests; the
+same through a real daemon on S3 is in test_e2e_schema_file.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from samplecache.service.catalog import Catalog
+from samplecache.service.discovery import Discovery
+from samplecache.service.remote import FsspecRemote
+from samplecache.service.schemas import SchemaConflict, check_fits, conform, load_schema_file, normalize, to_text
+from samplecache.service.writer import Writer, open_env
+
+PINNED = pa.schema([pa.field("id", pa.int64()), pa.field("x", pa.float64()), pa.field("t", pa.string()),
+                    pa.field("ts", pa.timestamp("us", tz="UTC"))])
+
+
+# --------------------------------------------------------------------------------------------- load_schema_file
+def write_parquet_empty(path: Path, schema: pa.Schema) -> None:
+    pq.write_table(schema.empty_table(), path)  # the README's recipe
+
+
+def write_parquet_rows(path: Path, schema: pa.Schema) -> None:
+    """A data file of the dataset used as the schema file (it has rows and row groups)."""
+    pq.write_table(pa.table({"id": [1, 2], "x": [0.5, None], "t": ["a", None],
+                             "ts": pa.array([0, 1], pa.timestamp("us", tz="UTC"))}, schema=schema), path,
+                   row_group_size=1)
+
+
+def write_ipc_file(path: Path, schema: pa.Schema) -> None:
+    with pa.ipc.new_file(path, schema):
+        pass
+
+
+def write_ipc_stream(path: Path, schema: pa.Schema) -> None:
+    with pa.ipc.new_stream(path, schema) as w:
+        w.write_table(schema.empty_table())
+
+
+@pytest.mark.parametrize("write", [write_parquet_empty, write_parquet_rows, write_ipc_file, write_ipc_stream],
+                         ids=["parquet-empty", "parquet-with-rows", "arrow-ipc-file", "arrow-ipc-stream"])
+def test_schema_file_is_read_from_parquet_and_arrow_ipc(tmp_path: Path, write: object) -> None:
+    path = tmp_path / "schema.bin"
+    write(path, PINNED)  # type: ignore[operator]
+    got = load_schema_file(path)
+    assert got.names == PINNED.names and got.types == PINNED.types, got
+    assert got.field("ts").type.tz == "UTC" and got.field("ts").type.unit == "us"
+
+
+@pytest.mark.parametrize("content", [b"", b"id,x,t\n1,2.5,a\n", b"PAR1" + b"\0" * 64, b"ARROW1\0\0" + b"\xff" * 40],
+                         ids=["empty", "csv", "parquet-magic-only", "arrow-magic-only"])
+def test_a_file_that_is_neither_parquet_nor_arrow_is_refused(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "schema.dat"
+    path.write_bytes(content)
+    with pytest.raises(SchemaConflict, match="neither a Parquet nor an Arrow IPC file") as ei:
+        load_schema_file(path)
+    assert str(path) in str(ei.value)
+
+
+def test_a_missing_schema_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SchemaConflict) as ei:
+        load_schema_file(tmp_path / "nowhere.parquet")
+    assert str(ei.value) == f"--schema-file {tmp_path / 'nowhere.parquet'}: no such file"
+    with pytest.raises(SchemaConflict, match="no such file"):
+        load_schema_file(tmp_path)  # a directory is not a schema file either
+
+
+# --------------------------------------------------------------------------------------------- check_fits
+FITS = {
+    "same types": pa.schema([("id", pa.int64()), ("x", pa.float64()), ("t", pa.string()),
+                             ("ts", pa.timestamp("us", tz="UTC"))]),
+    "int64 into float64": pa.schema([("id", pa.int64()), ("x", pa.int64())]),
+    "narrower ints and floats": pa.schema([("id", pa.int8()), ("x", pa.float32())]),
+    "null-typed columns": pa.schema([("id", pa.int64()), ("x", pa.null()), ("t", pa.null())]),
+    "columns missing": pa.schema([("id", pa.int64())]),
+    "an extra column": pa.schema([("id", pa.int64()), ("extra", pa.binary())]),
+    "dictionary of the pinned type": pa.schema([("id", pa.int64()), ("t", pa.dictionary(pa.int32(), pa.string()))]),
+    "coarser timestamp unit": pa.schema([("id", pa.int64()), ("ts", pa.timestamp("ms", tz="UTC"))]),
+}
+
+
+@pytest.mark.parametrize("name", list(FITS))
+def test_files_that_fit_the_pinned_schema(name: str) -> None:
+    file_schema = normalize(FITS[name])
+    check_fits(PINNED, file_schema, "--schema-file")  # does not raise
+    # ... and conform() gives such a file exactly the pinned columns and types
+    table = conform(file_schema.empty_table(), PINNED)
+    assert table.schema.names == PINNED.names and table.schema.types == PINNED.types
+
+
+# file schema -> (column, the file's type, the pinned type) that the reason must name
+REFUSED = {
+    "string vs double": (pa.schema([("id", pa.int64()), ("x", pa.string())]), "x", "string", "double"),
+    "list vs string": (pa.schema([("id", pa.int64()), ("t", pa.list_(pa.int32()))]), "t", "list<item: int32>",
+                         "string"),
+    "would widen int64 to double": (pa.schema([("id", pa.float64())]), "id", "double", "int64"),
+    "would widen string to large_string": (pa.schema([("id", pa.int64()), ("t", pa.large_string())]), "t",
+                                           "large_string", "string"),
+    "would make the timestamp finer": (pa.schema([("ts", pa.timestamp("ns", tz="UTC"))]), "ts",
+                                       "timestamp[ns, tz=UTC]", "timestamp[us, tz=UTC]"),
+    "a dictionary of another type": (pa.schema([("x", pa.dictionary(pa.int8(), pa.string()))]), "x", "string",
+                                     "double"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_a_file_that_does_not_fit_is_refused_naming_the_column_and_both_types(name: str) -> None:
+    file_schema, column, mine, pinned = REFUSED[name]
+    with pytest.raises(SchemaConflict) as ei:
+        check_fits(PINNED, normalize(file_schema), "--schema-file")
+    reason = str(ei.value)
+    assert f"column {column!r}" in reason, reason
+    assert f"is {mine} in this file" in reason, reason
+    assert pinned in reason.split("in this file", 1)[1], reason
+    if "widen" in name or "finer" in name:
+        assert f"--schema-file has {pinned}, which would have to become {mine}" in reason, reason
+    else:
+        assert "cannot be unified" in reason, reason
+
+
+# --------------------------------------------------------------------------------------------- discovery
+@pytest.fixture
+def cache(tmp_path: Path) -> Iterator[tuple[Catalog, Writer]]:
+    env, dbs = open_env(tmp_path / "lmdb", 1 << 28)
+    catalog = Catalog(env, dbs)
+    writer = Writer(env, dbs, catalog)
+    try:
+        yield catalog, writer
+    finally:
+        writer.close()
+        env.close()
+
+
+def source_dir(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"id": pa.array([0, 1, 2], pa.int64()), "x": pa.array([1, 2, 3], pa.int64())}),
+                   src / "a.parquet")  # fits: x int64 -> double; t and ts missing -> nulls
+    pq.write_table(pa.table({"id": pa.array([3, 4], pa.int64()), "x": pa.array(["p", "q"])}),
+                   src / "b.parquet")  # x string: cannot fit
+    pq.write_table(pa.table({"id": pa.array([5.0, 6.0]), "x": pa.array([0.5, 1.5])}),
+                   src / "c.parquet")  # id double: would widen the pinned int64
+    return src
+
+
+def test_discovery_takes_the_pinned_schema_and_quarantines_what_does_not_fit(
+        tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    src = source_dir(tmp_path)
+    schema_file = tmp_path / "schema.parquet"
+    pq.write_table(PINNED.empty_table(), schema_file)
+    disc = Discovery(FsspecRemote(f"file://{src}"), catalog, writer, None, schema_file=schema_file)
+    new = disc.run()
+    assert [Path(p).name for p in new] == ["a.parquet", "b.parquet", "c.parquet"], new  # all recorded
+    assert disc.target is not None and disc.target.equals(normalize(PINNED)), disc.target
+    assert disc.schema is not None and disc.schema.names == ["id", "x", "t", "ts"]
+    files = {Path(p).name: info for p, info in catalog.files().items()}
+    assert not files["a.parquet"].get("quarantined")
+    b, c = files["b.parquet"], files["c.parquet"]
+    assert b["quarantined"] and b["kind"] == "schema" and c["quarantined"] and c["kind"] == "schema"
+    assert "column 'x' is string in this file and double" in b["reason"], b["reason"]
+    assert "column 'id' is double in this file; --schema-file has int64" in c["reason"], c["reason"]
+    # the schema the sampling tasks carry is the pinned one, stored with the cache
+    assert catalog.meta("arrow_schema_ipc") == to_text(disc.target)
+
+
+def test_a_schema_file_other_than_the_cache_s_is_refused(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    src = source_dir(tmp_path)
+    first = tmp_path / "schema.arrow"
+    write_ipc_file(first, PINNED)
+    Discovery(FsspecRemote(f"file://{src}"), catalog, writer, None, schema_file=first).run()
+    # the same schema again (from another format) is accepted; a different one is not
+    again = tmp_path / "again.parquet"
+    pq.write_table(PINNED.empty_table(), again)
+    Discovery(FsspecRemote(f"file://{src}"), catalog, writer, None, schema_file=again)
+    other = tmp_path / "other.parquet"
+    pq.write_table(PINNED.set(1, pa.field("x", pa.float32())).empty_table(), other)
+    with pytest.raises(SchemaConflict, match="differs from the schema this cache dir was built with"):
+        Discovery(FsspecRemote(f"file://{src}"), catalog, writer, None, schema_file=other)
+
+
+def test_columns_absent_from_the_schema_file_are_named(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    schema_file = tmp_path / "schema.parquet"
+    pq.write_table(PINNED.empty_table(), schema_file)
+    with pytest.raises(SchemaConflict) as ei:
+        Discovery(FsspecRemote(f"file://{tmp_path}"), catalog, writer, ["id", "nope"], schema_file=schema_file)
+    assert str(ei.value) == (f"--schema-file {schema_file} has no column ['nope']; it has "
+                             f"['id', 'x', 't', 'ts']"), ei.value
+    # columns the file has: only those are pinned
+    disc = Discovery(FsspecRemote(f"file://{tmp_path}"), catalog, writer, ["x", "id"], schema_file=schema_file)
+    assert disc.pinned is not None and disc.pinned.names == ["id", "x"]
