@@ -19,7 +19,8 @@ def redact(text: str) -> str:
 
 
 class RedactingFilter(logging.Filter):
-    """A log filter that masks credentials in every record's final message (install on the handlers)."""
+    """A log filter that masks credentials in every record's final message (the daemon's log formatters in
+    logfmt.py mask their whole output instead)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
@@ -27,10 +28,3 @@ class RedactingFilter(logging.Filter):
         if clean != msg:
             record.msg, record.args = clean, None
         return True
-
-
-def install_log_redaction() -> None:
-    """Mask credentials in everything the root logger's handlers write."""
-    for h in logging.getLogger().handlers:
-        if not any(isinstance(f, RedactingFilter) for f in h.filters):
-            h.addFilter(RedactingFilter())
