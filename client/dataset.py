@@ -26,7 +26,7 @@ from samplecache.transport import Ring, ring_batch
 AHEAD_BYTES = 8 << 20  # read ahead by the prefetch thread, beyond one chunk or batch
 BATCH_ALONE_BYTES = 1 << 20  # a batch at least this large is gathered on its own
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
-MAX_EPOCH = 2 ** 62  # epoch numbers stay far from int64's end (the shared clock adds to them)
+MAX_EPOCH = 2 ** 53  # as the daemon's limit: exact as a float, far from int64's end (the shared clock adds to them)
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 
 
@@ -34,9 +34,9 @@ _DATASETS = itertools.count()  # the n-th dataset made in a process: the same n 
 
 
 def _epoch_number(value: Any, name: str) -> int:
-    """``value`` as an epoch number: an int with 0 <= value < 2**62 (the epoch clock counts in int64)."""
+    """``value`` as an epoch number: an int with 0 <= value < 2**53 (the epoch clock counts in int64)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < MAX_EPOCH:
-        raise ValueError(f"{name} must be an int with 0 <= {name} < 2**62, not {value!r}")
+        raise ValueError(f"{name} must be an int with 0 <= {name} < 2**53, not {value!r}")
     return int(value)
 
 

@@ -13,7 +13,7 @@ from samplecache.service.settings import Pacing
 
 # Request bodies: no extra fields, no coercion (``true`` is not 1, ``9899.0`` is not an int).
 STRICT = ConfigDict(extra="forbid", strict=True)
-BIG = 2**62  # the largest count or number a request may name
+BIG = 2**53  # the largest count or number a request may name (exact as a float too: JSON tools compare as floats)
 # A size as text: digits, an optional fraction, an optional unit (B, kB, MB, ..., KiB, MiB, ..., case-insensitive).
 UNIT = "([kKmMgGtTpPeE]([iI][bB]|[bB])?|[bB])?"
 SIZE_PATTERN = rf"^ ?[0-9]{{1,12}}(\.[0-9]{{1,6}})? ?{UNIT} ?$"
