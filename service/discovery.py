@@ -124,6 +124,7 @@ class Discovery:
         fixed = self.target if self.target is not None else self.pinned
         target = fixed
         names: dict[str, None] = {}  # the files' own columns (normalize keeps only the wanted ones), for errors
+        fitting = 0  # files that fit: a pinned schema that no file fits is not adopted (the start fails)
         for path, info, schema in footers:
             found[path] = info
             if schema is None:
@@ -135,11 +136,12 @@ class Discovery:
                     check_fits(fixed, norm, "the cache's schema" if self.target is not None else "--schema-file")
                 else:
                     target = unify(target, norm)
+                fitting += 1
             except SchemaConflict as e:
                 found[path] = quarantined(f"schema: {e}", info, kind="schema")
                 log.warning("quarantined %s: %s", path, e,
                             extra={"event": "file_quarantined", "path": path, "error_class": "schema"})
-        if self.target is None and target is not None:
+        if self.target is None and target is not None and fitting:
             try:
                 schema, skipped = infer_schema(target, self.columns, list(names))
             except UnsupportedColumn as e:

@@ -13,7 +13,7 @@ import pytest
 
 from samplecache.service.catalog import Catalog
 from samplecache.service.discovery import Discovery
-from samplecache.service.remote import FsspecRemote
+from samplecache.service.remote import FsspecRemote, RemoteError
 from samplecache.service.schemas import SchemaConflict, check_fits, conform, load_schema_file, normalize, to_text
 from samplecache.service.writer import Writer, open_env
 
@@ -197,3 +197,28 @@ def test_columns_absent_from_the_schema_file_are_named(tmp_path: Path, cache: tu
     # columns the file has: only those are pinned
     disc = Discovery(FsspecRemote(f"file://{tmp_path}"), catalog, writer, ["x", "id"], schema_file=schema_file)
     assert disc.pinned is not None and disc.pinned.names == ["id", "x"]
+
+
+def test_a_pin_no_file_fits_is_not_adopted_and_a_start_without_it_works(tmp_path: Path,
+                                                                        cache: tuple[Catalog, Writer]) -> None:
+    """Every file quarantined against the pin: discovery fails like a source with no readable file (the start
+    stops, naming why) and stores no schema; the next start, without the pin, unifies the files and serves them."""
+    catalog, writer = cache
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"id": pa.array([i], pa.int64())}), src / f"{i}.parquet")
+    schema_file = tmp_path / "schema.parquet"
+    pq.write_table(pa.schema([pa.field("id", pa.string())]).empty_table(), schema_file)
+    disc = Discovery(FsspecRemote(f"file://{src}"), catalog, writer, None, schema_file=schema_file)
+    with pytest.raises(RemoteError) as ei:
+        disc.run()
+    assert str(ei.value).startswith(f"no readable Parquet file under source 'file://{src}': schema: column 'id' "
+                                    f"is int64 in this file and string in the dataset's schema"), ei.value
+    assert disc.schema is None and catalog.meta("schema") is None and catalog.meta("arrow_schema_ipc") is None
+    assert all(f["quarantined"] and f["kind"] == "schema" for f in catalog.files().values()), catalog.files()
+
+    again = Discovery(FsspecRemote(f"file://{src}"), catalog, writer, None)
+    assert sorted(Path(p).name for p in again.run()) == ["0.parquet", "1.parquet"]
+    assert again.schema is not None and again.target is not None and again.target.field("id").type == pa.int64()
+    assert not any(f.get("quarantined") for f in catalog.files().values()), catalog.files()
