@@ -14,6 +14,14 @@ if ! command -v chromium >/dev/null 2>&1; then
   # tests/test_status_page.py and tests/test_docs_offline.py render pages in headless Chromium (Debian package chromium)
   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium" >&2
 fi
+if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+  # tests/test_container.py builds the image on a base made from Debian packages and runs it
+  # (runc: crun refuses hybrid cgroup v1+v2 hosts)
+  (apt-get update -qq && apt-get install -y -qq podman runc debootstrap >/dev/null) || echo "warning: could not install podman" >&2
+fi
+if command -v podman >/dev/null 2>&1; then
+  export SAMPLECACHE_TEST_PODMAN=require  # installed: the container tests must run, not skip
+fi
 bash scripts/setup.sh test
 # the peers of the benchmark suite (its CI smoke run verifies every loader row); never fatal
 bash benchmarks/install_peers.sh || echo "warning: benchmark peers not installed; their rows will say so" >&2

@@ -90,8 +90,13 @@ def test_dockerfile_contract() -> None:
     instr = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     # One base for both stages (the venv's interpreter path must exist at run time): the official
     # python image by default, a local Debian-built one by --build-arg BASE= (tests/test_container.py).
-    froms = [ln.split()[1] for ln in instr if ln.startswith("FROM ")]
-    assert froms and all(f == "${BASE}" for f in froms), froms
+    stages, froms = set(), []
+    for ln in instr:
+        if ln.startswith("FROM "):
+            words = ln.split()
+            froms.append(words[1])
+            stages |= {words[3]} if len(words) == 4 and words[2].upper() == "AS" else set()
+    assert froms and all(f == "${BASE}" or f in stages for f in froms), froms
     assert [ln for ln in instr if ln.startswith("ARG BASE=")] == ["ARG BASE=python:3.11-slim-bookworm"]
     # `pip install .` needs these: the COPY lines must follow pyproject.toml.
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
