@@ -24,7 +24,6 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
