@@ -9,4 +9,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[${extras}]"
+# setuptools notes every editable install of this layout (client/ and service/ mapped to samplecache.*) with an
+# "Editable installation" box that pip shows even with -q: known and harmless here, so filtered by its message
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[${extras}]"
