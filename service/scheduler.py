@@ -105,8 +105,9 @@ class Scheduler:
                 units = build_units(files)
                 self.planner = Planner(units, seed=self.settings.seed, node_rank=self.settings.node_rank,
                                        num_nodes=self.settings.num_nodes, cursor=self.d.catalog.meta("cursor"))
-                log.info("source %s: %d files, %d row groups (%d on this node)", self.d.source_shown,
-                         len(files), len(units), len(self.planner),
+                log.info("source %s: %d files, %d row groups in %d units (%d units on this node)",
+                         self.d.source_shown, len(files), sum(u.row_groups for u in units), len(units),
+                         len(self.planner),
                          extra={"event": "source_planned", "path": self.d.source_shown})
                 self.last_error = None
             elif new and self.planner is not None:
