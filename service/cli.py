@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import signal
 import sys
 import urllib.error
@@ -106,7 +107,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         daemon.check_remote()
         app = create_app(settings, daemon)  # resolves the API token (a bad token file stops here, in one line)
     except (StartupError, RemoteError) as e:
-        print(f"samplecache serve: {redact(str(e))}", file=sys.stderr)
+        if settings.log_format == "json":  # every line of the log one JSON object, this one too
+            logging.getLogger("samplecache.cli").error("samplecache serve: %s", e, extra={"event": "startup_failed"})
+        else:
+            print(f"samplecache serve: {redact(str(e))}", file=sys.stderr)
         if "daemon" in locals():
             daemon.stop()
         return 2 if isinstance(e, DamagedCacheFile) else 1
@@ -120,7 +124,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         daemon.stop()
     if daemon.health.fatal:
-        print(f"samplecache serve: stopped: {daemon.health.fatal}", file=sys.stderr)
+        if settings.log_format != "json":  # the JSON log has it already (event daemon_fatal)
+            print(f"samplecache serve: stopped: {daemon.health.fatal}", file=sys.stderr)
         return 1  # the service manager restarts it
     return 0
 

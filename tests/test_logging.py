@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import re
+import subprocess
 import sys
 import time
 import urllib.request
@@ -284,3 +285,15 @@ def test_json_logs_mask_the_password_of_the_source_url(daemon: Any, http_source:
     assert "***@127.0.0.1" in quarantined[0]["path"] and quarantined[0]["error_class"] in ("corrupt", "schema")
     ingested = [ln for ln in lines if ln["event"] == "shard_ingested"]
     assert ingested and all("***@127.0.0.1" in ln["path"] for ln in ingested), ingested[:2]
+
+
+def test_a_daemon_that_cannot_start_says_why_in_one_json_line(tmp_path: Path) -> None:
+    source = f"file://{tmp_path}/missing"
+    r = subprocess.run([sys.executable, "-m", "samplecache.service", "serve", "--source", source, "--cache-dir",
+                        str(tmp_path / "cache"), "--port", "0", "--log-format", "json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    (tmp_path / "err.log").write_text(r.stdout + r.stderr)
+    lines = json_lines(tmp_path / "err.log")
+    failed = [ln for ln in lines if ln["event"] == "startup_failed"]
+    assert len(failed) == 1 and failed[0]["level"] == "error" and "does not exist" in failed[0]["msg"], lines
