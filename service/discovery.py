@@ -84,7 +84,7 @@ class Discovery:
             else:
                 info["seq"] = old.get("seq", seq)
                 if not old.get("row_groups") or old.get("units") not in (None, info.get("units")):
-                    fresh.append(path)  # new units; any old ones are skipped as stale (scheduler.unit_current)
+                    fresh.append(path)  # new units; any old ones are skipped as stale (planner.unit_current)
                 log.info("%s leaves quarantine (%s)", path, "released" if old.get("recheck") else "it changed",
                          extra={"event": "quarantine_left", "path": path})
         self.writer.put_files(found).result()

@@ -6,6 +6,7 @@ guard that counted only the filesystem would never clear after a budget cut on a
 
 from __future__ import annotations
 
+import errno
 import shutil
 import time
 from pathlib import Path
@@ -49,3 +50,10 @@ class DiskSpace:
             return self.free()
         except OSError:
             return 0
+
+
+def out_of_space(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a write that failed for want of space (LMDB reports one as a commit I/O error)."""
+    return isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or (
+        isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+        isinstance(exc, lmdb.Error) and any(w in str(exc) for w in ("Input/output", "No space", "quota")))

@@ -230,3 +230,9 @@ class Planner:
                     "row_fraction": done_rows / total_rows if total_rows else 0.0,
                     "remote_units": self.all_units, "node_rank": self.node_rank, "num_nodes": self.num_nodes})
             return dict(self._coverage[1])
+
+
+def unit_current(unit: Unit, info: Mapping[str, Any]) -> bool:
+    """Whether ``unit`` is still one of its file's units (a file that changed may have been re-planned)."""
+    planned = info.get("units")
+    return planned is None or [unit.row_group, unit.row_groups, unit.rows] in planned

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import errno
 import logging
 import random
 import threading
@@ -22,11 +21,12 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 import lmdb
 
 from samplecache.service.discovery import quarantined
+from samplecache.service.diskspace import out_of_space
 from samplecache.service.inbox import Inbox
-from samplecache.service.planner import Pick, Planner, Unit, build_units
+from samplecache.service.planner import Pick, Planner, Unit, build_units, unit_current
 from samplecache.service.remote import RemoteError, classify_error
 from samplecache.service.sampler import SampleResult, SampleTask
-from samplecache.service.staging import set_aside
+from samplecache.service.staging import drop_failed
 from samplecache.service.writer import DamagedShard, NoRoom
 
 if TYPE_CHECKING:
@@ -38,12 +38,6 @@ MAX_UNIT_ATTEMPTS = 8     # failures in a row before a unit is given up for this
 CORRUPT_CONFIRMATIONS = 2  # unparsable bytes twice in a row (a fresh read each time) before a file is quarantined
 MAX_UNIT_BACKOFF = 300.0   # s: the longest wait before a failing unit is tried again
 T = TypeVar("T")
-
-
-def unit_current(unit: Unit, info: dict[str, Any]) -> bool:
-    """Whether ``unit`` is still one of its file's units (a file that changed may have been re-planned)."""
-    planned = info.get("units")
-    return planned is None or [unit.row_group, unit.row_groups, unit.rows] in planned
 
 
 class Scheduler:
@@ -346,10 +340,7 @@ class Scheduler:
         if isinstance(exc, lmdb.PanicError):
             self.d.health.die(f"the LMDB environment cannot go on: {type(exc).__name__}: {exc}")
             return
-        if isinstance(exc, (lmdb.MapFullError, lmdb.DiskError)) or (
-                isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or (
-                isinstance(exc, lmdb.Error) and any(w in str(exc) for w in ("Input/output", "No space", "quota"))):
-            # LMDB reports a write that failed for want of space as a commit I/O error
+        if out_of_space(exc):
             self._disk_full(f"{type(exc).__name__}: {exc}", "while ingesting")
             self._held.append(r)  # the shard waits for room
             return
@@ -357,12 +348,8 @@ class Scheduler:
             self.last_error = f"ingest failed: {type(exc).__name__}: {exc}"
             log.error("%s", self.last_error, extra={"event": "ingest_failed", "path": r.task.path,
                                                     "unit": r.task.row_group})
-            if r.staged and isinstance(exc, DamagedShard):
-                where = set_aside(Path(r.staged))  # kept for a look; the unit is sampled again
-                log.error("the damaged staging file is %s", f"in {where}" if where else "dropped",
-                          extra={"event": "staging_set_aside", "path": str(where or r.staged)})
-            elif r.staged:
-                Path(r.staged).unlink(missing_ok=True)  # the unit is sampled again: a leftover would duplicate it
+            if r.staged:  # the unit is sampled again
+                drop_failed(Path(r.staged), damaged=isinstance(exc, DamagedShard))
             unit_key = (r.task.path, r.task.row_group)
             self._attempts[unit_key] += 1
             self._defer(Pick(r.task.cycle, r.task.unit, None), unit_key)  # type: ignore[arg-type]

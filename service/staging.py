@@ -8,6 +8,7 @@ Layout: b"SCSTG001" | header length (u32 LE) | JSON header | blocks back to back
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 import struct
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from samplecache.service.files import make_dir, open_new
+
+log = logging.getLogger("samplecache.staging")
 
 MAGIC = b"SCSTG001"
 _LEN = struct.Struct("<I")
@@ -147,3 +150,14 @@ def set_aside(path: Path) -> Path | None:
     except OSError:
         path.unlink(missing_ok=True)
         return None
+
+
+def drop_failed(path: Path, damaged: bool) -> None:
+    """A staging file whose ingest failed, before its unit is sampled again: a damaged one is set aside for a
+    look (and logged), any other removed (a leftover would be ingested twice after a restart)."""
+    if not damaged:
+        path.unlink(missing_ok=True)
+        return
+    where = set_aside(path)
+    log.error("the damaged staging file is %s", f"in {where}" if where else "dropped",
+              extra={"event": "staging_set_aside", "path": str(where or path)})
