@@ -41,7 +41,10 @@ class Reloader:
 
     def __init__(self, flags: Mapping[str, Any], config: str | Path | None, loaded: Loaded, daemon: "Daemon",
                  set_level: Callable[[str], None]) -> None:
-        self.flags, self.config, self.daemon, self.set_level = dict(flags), config, daemon, set_level
+        self.flags, self.daemon, self.set_level = dict(flags), daemon, set_level
+        # the file read at start, named: once it is gone, a reload fails (and changes nothing) rather than fall
+        # back to no file at all, which would put every setting the file held back to its default
+        self.config = config if config not in (None, "") else loaded.config.path
         self.current = loaded.settings
         self._lock = threading.Lock()
         self.state: dict[str, Any] = {"file": str(loaded.config.path) if loaded.config.path else None,
