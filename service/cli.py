@@ -101,6 +101,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"samplecache serve: {e}", file=sys.stderr)
         return 2
     settings = loaded.settings
+    # a SIGHUP while the daemon starts (a slow first listing of the remote) is held for the reloader: Python's
+    # default action would end the process
+    held: list[int] = []
+    previous = signal.signal(signal.SIGHUP, lambda signum, frame: held.append(signum))
     configure_logging(settings.log_level, settings.log_format)  # uvicorn's records too (log_config=None below)
     try:
         daemon = Daemon(settings, reset=bool(getattr(args, "reset_cache_once", False)))
@@ -113,15 +117,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"samplecache serve: {redact(str(e))}", file=sys.stderr)
         if "daemon" in locals():
             daemon.stop()
+        signal.signal(signal.SIGHUP, previous)
         return 2 if isinstance(e, DamagedCacheFile) else 1
     reloader = Reloader(_flags(args), args.config, loaded, daemon, set_level)
     daemon.config_state = reloader.state
     daemon.start()
+    signal.signal(signal.SIGHUP, lambda signum, frame: reloader.request())
+    if held:
+        reloader.request()
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             log_config=None, timeout_graceful_shutdown=5, access_log=settings.log_level == "debug")
     try:
         _server(config, reloader.request).run()
     finally:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no reload while the daemon stops
         daemon.stop()
     if daemon.health.fatal:
         if settings.log_format != "json":  # the JSON log has it already (event daemon_fatal)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -59,3 +65,34 @@ def test_reload_without_a_config_file_at_start_finds_one_made_later(tmp_path: Pa
                         lambda level: None)
     default.write_text('max_bytes = "3GiB"\n')
     assert reloader.reload() == {"applied": {"max_bytes": 3 * 2**30}, "needs_restart": [], "error": None}
+
+
+def test_sighup_while_the_daemon_starts_does_not_kill_it(tmp_path: Path) -> None:
+    """A SIGHUP (``systemctl reload``) during a slow start (the first listing of a large remote) used to meet
+    Python's default action and end the process; it is held until the reloader exists."""
+    stall = socket.socket()
+    stall.bind(("127.0.0.1", 0))
+    stall.listen(8)
+    stall.settimeout(60)
+    endpoint = f"http://127.0.0.1:{stall.getsockname()[1]}"  # accepts, never answers: discovery waits on it
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("SAMPLECACHE_", "AWS_"))}
+    env.update(AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_DEFAULT_REGION="us-east-1")
+    opts = json.dumps({"client_kwargs": {"endpoint_url": endpoint}, "config_kwargs": {"retries": {"max_attempts": 1}}})
+    proc = subprocess.Popen([sys.executable, "-m", "samplecache.service", "serve", "--source", "s3://b/p/",
+                             "--cache-dir", str(tmp_path / "cache"), "--samplers", "1", "--port", "0",
+                             "--storage-options", opts], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    conns = []
+    try:
+        conns.append(stall.accept()[0])  # the daemon is in its first listing of the remote
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None, f"SIGHUP ended the starting daemon (exit {proc.returncode})"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        assert proc.stderr is not None
+        proc.stderr.close()
+        for c in conns:
+            c.close()
+        stall.close()
