@@ -23,6 +23,8 @@ if command -v podman >/dev/null 2>&1; then
   export SAMPLECACHE_TEST_PODMAN=require  # installed: the container tests must run, not skip
 fi
 bash scripts/setup.sh test
+# tests/test_tf.py: samplecache.tf needs TensorFlow, the `tf` extra (tensorflow-cpu: ~25 s; leaves numpy and torch be)
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[tf]"
 # the peers of the benchmark suite (its CI smoke run verifies every loader row); never fatal
 bash benchmarks/install_peers.sh || echo "warning: benchmark peers not installed; their rows will say so" >&2
 # A private temp dir for the run, which must be empty at the end: tests keep their files under their own dirs and
