@@ -1,29 +1,15 @@
-"""The daemon's image (deploy/Dockerfile), built and run with podman as root: non-root user, HEALTHCHECK, /healthz
-from the host through a port published on loopback, the cache in a host directory shared with a client on the host.
+"""The daemon's image (deploy/Dockerfile), built and run with podman as root: non-root user, read-only root file
+system and no capabilities (as deploy/k8s runs it), HEALTHCHECK, /healthz from the host through a port published on
+loopback, the cache in a host directory shared with a client on the host.
 
-Base image. No image registry is reachable from CI, so the tests build the base from Debian packages with
-deploy/debian-base.sh (debootstrap) and pass it as ``--build-arg BASE=``. It stays in podman's image store
-(/var/lib/containers/storage), tagged by the script's hash: later runs reuse it, a changed script makes a new one. The
-image's layers are podman's build cache: the dependencies' layer is rebuilt only when pyproject.toml changes, a code
-change rebuilds a wheel and one small layer. pip in the build goes through the host's network (``--network host``),
-trusts the host's CA bundle (Debian's pip reads /etc/ssl/certs) and uses the host's http(s) package index if pip is
-configured with one.
-
-Runtime choices for this kind of host (a VM with cgroup v1 plus a v2 "unified" hierarchy; root without
-CAP_SYS_RESOURCE): runc, since crun refuses hybrid cgroups; explicit ulimits no higher than this process's hard
-limits, since podman's defaults ask for more than root may set here.
-
-Where podman cannot run, the tests skip and say why; SAMPLECACHE_TEST_PODMAN=require (scripts/test.sh sets it once it
-has installed podman) turns that into a failure.
+How the image is built here (a base made from Debian packages, no registry), the runtime choices for this host, and
+when the tests skip: tests/podman_tools.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import resource
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -31,101 +17,23 @@ from typing import Any, Iterator
 
 import pytest
 
-from deploy_tools import DEPLOY, REPO, free_port, get, run
+from deploy_tools import free_port, get, run
+from podman_tools import daemon_image, podman_command, ulimits
 
 pytestmark = pytest.mark.e2e
 
-BASE_SCRIPT = DEPLOY / "debian-base.sh"
-BASE_REPO = "localhost/samplecache-base"
-IMAGE = "localhost/samplecache:test"
 UID = 10001  # the image's user (deploy/Dockerfile)
 ROWS, FILES = 4000, 2
-INSTALL_PODMAN = "apt-get install podman runc debootstrap"
-CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-
-
-def unavailable(reason: str) -> None:
-    if os.environ.get("SAMPLECACHE_TEST_PODMAN") == "require":
-        pytest.fail(f"{reason} (SAMPLECACHE_TEST_PODMAN=require)")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
 def podman() -> list[str]:
-    """The podman command line, with runc where it is installed; skips (or fails, see above) without podman."""
-    exe = shutil.which("podman")
-    if exe is None:
-        unavailable(f"podman is not installed ({INSTALL_PODMAN})")
-    cmd = [exe, "--runtime", "runc"] if shutil.which("runc") else [exe]
-    r = run([*cmd, "info", "--format", "json"])
-    if r.returncode != 0:
-        unavailable(f"podman cannot run here: {r.stderr.strip()[-2000:]}")
-    if json.loads(r.stdout)["host"]["security"].get("rootless"):
-        unavailable("these tests run podman as root (the cache dir is chowned to the image's user)")
-    return cmd
-
-
-def ulimits() -> list[str]:
-    """nofile and nproc within this process's hard limits (the unit asks for 65536 open files)."""
-    nofile = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-    nproc = min(4096, resource.getrlimit(resource.RLIMIT_NPROC)[1])
-    return ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
-
-
-def image_id(podman: list[str], ref: str) -> str | None:
-    r = run([*podman, "image", "inspect", "--format", "{{.Id}}", ref])
-    return r.stdout.strip() if r.returncode == 0 else None
+    return podman_command()
 
 
 @pytest.fixture(scope="module")
-def base_image(podman: list[str], tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The Debian-built base, made once per version of deploy/debian-base.sh."""
-    tag = f"{BASE_REPO}:bookworm-{hashlib.sha256(BASE_SCRIPT.read_bytes()).hexdigest()[:12]}"
-    if image_id(podman, tag):
-        return tag
-    if shutil.which("debootstrap") is None:
-        unavailable(f"no base image {tag} and no debootstrap to build it ({INSTALL_PODMAN})")
-    env = {**os.environ, "TMPDIR": str(tmp_path_factory.mktemp("base")), "ENGINE": podman[0]}
-    r = run(["bash", str(BASE_SCRIPT), tag], timeout=900, env=env)
-    assert r.returncode == 0, f"deploy/debian-base.sh failed:\n{r.stdout}\n{r.stderr}"
-    for line in run([*podman, "images", "--format", "{{.Repository}}:{{.Tag}}", BASE_REPO]).stdout.split():
-        if line != tag:  # bases of older versions of the script
-            run([*podman, "rmi", line])
-    return tag
-
-
-def pip_options(where: Path) -> list[str]:
-    """`podman build` options that give pip in the build this host's CA bundle and http(s) package index."""
-    r = run([sys.executable, "-m", "pip", "config", "list"])
-    conf: dict[str, str] = {}
-    for line in r.stdout.splitlines():  # global.index-url='https://...'  :env:.extra-index-url='...'
-        key, _, value = line.partition("=")
-        name, value = key.rpartition(".")[2], value.strip("'\"")
-        if name in ("index-url", "extra-index-url"):
-            urls = [u for u in value.split() if u.startswith(("http://", "https://"))]  # file:// is not in the build
-            if urls:
-                conf[name] = " ".join(urls)
-        elif name == "trusted-host":
-            conf[name] = value
-    opts = ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"] if CA_BUNDLE.is_file() else []
-    if conf:
-        (where / "pip.conf").write_text("[global]\n" + "".join(f"{k} = {v}\n" for k, v in conf.items()))
-        opts += ["-v", f"{where / 'pip.conf'}:/etc/pip.conf:ro"]
-    return opts
-
-
-@pytest.fixture(scope="module")
-def image(podman: list[str], base_image: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    before = image_id(podman, IMAGE)
-    cmd = [*podman, "build", "--format", "docker",  # the docker format keeps HEALTHCHECK (OCI has none)
-           "--network", "host", *ulimits(), *pip_options(tmp_path_factory.mktemp("build")),
-           "--build-arg", f"BASE={base_image}", "-f", str(DEPLOY / "Dockerfile"),
-           "--ignorefile", str(DEPLOY / "Dockerfile.dockerignore"), "-t", IMAGE, str(REPO)]
-    r = run(cmd, timeout=900)
-    assert r.returncode == 0, f"podman build failed:\n{r.stdout[-10000:]}\n{r.stderr[-5000:]}"
-    if before and before != image_id(podman, IMAGE):
-        run([*podman, "rmi", before])  # the previous build, untagged now; its layers stay cached
-    return IMAGE
+def image(podman: list[str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    return daemon_image(podman, tmp_path_factory.mktemp("build"))
 
 
 def write_dataset(data: Path) -> Any:
@@ -157,6 +65,8 @@ def daemon(podman: list[str], image: str, tmp_path_factory: pytest.TempPathFacto
     os.chown(cache, UID, UID)
     port, name = free_port(), f"samplecache-test-{os.getpid()}"
     cmd = [*podman, "run", "--detach", "--name", name, *ulimits(), "--stop-timeout", "15",
+           # as deploy/k8s/daemonset.yaml runs it: read-only root (podman mounts a tmpfs on /tmp), no capabilities
+           "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
            "--publish", f"127.0.0.1:{port}:8750",
            "--volume", f"{root / 'data'}:/data:ro", "--volume", f"{cache}:{cache}",
            "--env", f"SAMPLECACHE_CACHE_DIR={cache}",
