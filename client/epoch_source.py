@@ -24,6 +24,29 @@ from samplecache.record import FORMAT_VERSION, FormatError, Schema, unpack_shard
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
 
 
+class MissingColumn(KeyError):
+    """Columns asked for that the cache does not serve: ``missing`` names them, ``available`` the columns there
+    are, ``left_out`` those the daemon left out of the cache, with why."""
+
+    def __init__(self, missing: Sequence[str], available: Sequence[str], left_out: dict[str, str] | None = None
+                 ) -> None:
+        self.missing, self.available, self.left_out = list(missing), list(available), dict(left_out or {})
+        message = f"columns {self.missing} are not cached; the cache has {self.available}"
+        if self.left_out:
+            message += f"; left out by the daemon: {self.left_out}"
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def check_columns(wanted: Sequence[str], names: Sequence[str], skipped: dict[str, str] | None) -> None:
+    """Raise ``MissingColumn`` unless every column in ``wanted`` is among ``names``."""
+    unknown = [c for c in wanted if c not in names]
+    if unknown:
+        raise MissingColumn(unknown, names, {c: why for c, why in (skipped or {}).items() if c in unknown})
+
+
 class EpochPlan:
     """One job epoch's manifest, as this reader sees it (``epoch``: the job's; ``daemon_epoch``: the daemon's)."""
 
@@ -38,11 +61,7 @@ class EpochPlan:
         self.schema = Schema.from_json(manifest["schema"])
         names = self.schema.names
         wanted = list(columns) if columns is not None else names
-        unknown = [c for c in wanted if c not in names]
-        if unknown:
-            left_out = {c: why for c, why in (manifest.get("skipped_columns") or {}).items() if c in unknown}
-            raise KeyError(f"columns {unknown} are not cached; the cache has {names}"
-                           + (f"; left out by the daemon: {left_out}" if left_out else ""))
+        check_columns(wanted, names, manifest.get("skipped_columns"))
         self.cols = [self.schema.index(c) for c in wanted]
         table = (unpack_shard_table(manifest["shards_packed"]) if "shards_packed" in manifest
                  else np.array(manifest["shards"], dtype=np.int64).reshape(-1, 4))

@@ -84,3 +84,29 @@ class Stream:
             return
         for a in range(start, self.total, chunk):
             yield self._positions(a, min(self.total, a + chunk))
+
+    def batch_groups(self, start: int, batch: int, unit: int, chunk: int, drop_last: bool
+                     ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+        """(manifest index, row, unit) groups of positions from ``start``, read ``chunk`` at a time: whole
+        units of ``unit`` positions (``batch`` times the batches packed in one item), then the whole batches
+        left over as one unit, then the short batch (unless ``drop_last``)."""
+        pend_idx: list[np.ndarray] = []
+        pend_rows: list[np.ndarray] = []
+        pending = 0
+        for idx, rows in self.chunks(start, chunk=chunk, first=unit):
+            pend_idx.append(idx)
+            pend_rows.append(rows)
+            pending += len(idx)
+            if pending < unit:
+                continue
+            all_idx, all_rows = np.concatenate(pend_idx), np.concatenate(pend_rows)
+            full = len(all_idx) // unit * unit
+            yield all_idx[:full], all_rows[:full], unit
+            pend_idx, pend_rows, pending = [all_idx[full:]], [all_rows[full:]], len(all_idx) - full
+        if pending:
+            idx, rows = np.concatenate(pend_idx), np.concatenate(pend_rows)
+            whole = len(idx) // batch * batch
+            if whole:
+                yield idx[:whole], rows[:whole], whole
+            if whole < len(idx) and not drop_last:
+                yield idx[whole:], rows[whole:], len(idx) - whole

@@ -1,0 +1,189 @@
+"""samplecache.core: no framework import, the split of an epoch, the resume state, and reading an epoch through
+``Reader.samples`` / ``Reader.batches`` from a real daemon on a real S3 server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+
+from samplecache.core import (BatchOptions, CacheOptions, DaemonError, MissingColumn, Position, Reader, ResumeState,
+                              SplitOptions, stream_for)
+from samplecache.epoch_source import EpochPlan
+from samplecache.reader import split_batch
+from samplecache.record import Column, Schema
+
+FRAMEWORKS = ("torch", "tensorflow", "jax", "nvidia.dali")
+
+
+def test_importing_the_core_imports_no_framework() -> None:
+    code = ("import sys, json, samplecache.core\n"
+            f"print(json.dumps([m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r} or m in {FRAMEWORKS!r}]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout) == []
+
+
+# --------------------------------------------------------------------------------------------- the split
+def fake_plan(rows: list[int], epoch: int = 3) -> EpochPlan:
+    """A manifest of shards with these row counts (ids 10, 11, ...); nothing is read from it."""
+    schema = Schema((Column("id", "fixed", "<i8"),))
+    shards = [[10 + i, n, 0, 64] for i, n in enumerate(rows)]
+    manifest = {"epoch": epoch, "schema": schema.to_json(), "shards": shards, "lmdb_path": "/nonexistent",
+                "map_size": 1 << 20, "bytes": 8 * sum(rows)}
+    return EpochPlan(manifest, None)
+
+
+def read_all(plan: EpochPlan, split: SplitOptions, world: int, workers: int) -> dict[int, list[tuple[int, int]]]:
+    """rank -> the (shard id, row) pairs its workers read, in order."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for rank in range(world):
+        got: list[tuple[int, int]] = []
+        for w in range(workers):
+            stream = stream_for(plan, split, Position(rank, world, rank, world, w, workers))
+            for idx, rows in stream.chunks(0, chunk=7):
+                got += [(int(plan.ids[i]), int(r)) for i, r in zip(idx, rows)]
+            assert len(got) == sum(len(stream_for(plan, split, Position(rank, world, rank, world, v, workers)))
+                                   for v in range(w + 1))
+        out[rank] = got
+    return out
+
+
+@pytest.mark.parametrize("rows", [[50, 13, 1, 40], [7], [3, 3, 3]])
+@pytest.mark.parametrize("world,workers", [(1, 1), (2, 3), (3, 2), (4, 1)])
+@pytest.mark.parametrize("shuffle,buffer", [(True, 0), (True, 5), (False, 0)])
+def test_uneven_split_reads_every_sample_once(rows: list[int], world: int, workers: int, shuffle: bool,
+                                              buffer: int) -> None:
+    plan = fake_plan(rows)
+    got = read_all(plan, SplitOptions(shuffle, 1, "uneven", buffer), world, workers)
+    every = [p for r in got.values() for p in r]
+    assert sorted(every) == sorted((10 + i, k) for i, n in enumerate(rows) for k in range(n))
+    counts = [len(v) for v in got.values()]
+    assert max(counts) - min(counts) <= 1
+
+
+@pytest.mark.parametrize("rows", [[50, 13, 1, 40], [7], [3, 3, 3]])
+@pytest.mark.parametrize("world,workers", [(1, 2), (2, 3), (3, 2), (4, 1)])
+@pytest.mark.parametrize("partial", ["pad", "drop"])
+def test_pad_and_drop_give_every_rank_the_same_count(rows: list[int], world: int, workers: int, partial: str) -> None:
+    plan = fake_plan(rows)
+    total = sum(rows)
+    got = read_all(plan, SplitOptions(True, 2, partial), world, workers)
+    per = -(-total // world) if partial == "pad" else total // world
+    assert [len(v) for v in got.values()] == [per] * world
+    seen = Counter(p for r in got.values() for p in r)
+    if partial == "pad":  # every sample, at most world - 1 of them twice
+        assert len(seen) == total and sum(seen.values()) - total == per * world - total < world
+    else:  # no repeats, fewer than world dropped
+        assert max(seen.values()) == 1 and total - len(seen) < world
+
+
+def test_the_split_depends_on_seed_and_epoch_only() -> None:
+    pos = Position(1, 2, 1, 2, 0, 2)
+    a = list(stream_for(fake_plan([30, 20]), SplitOptions(seed=5), pos).chunks(0))
+    b = list(stream_for(fake_plan([30, 20]), SplitOptions(seed=5), pos).chunks(0))
+    c = list(stream_for(fake_plan([30, 20], epoch=4), SplitOptions(seed=5), pos).chunks(0))
+    assert all(np.array_equal(x[1], y[1]) for x, y in zip(a, b))
+    assert not all(np.array_equal(x[1], y[1]) for x, y in zip(a, c))
+
+
+def test_several_hosts_need_an_agreed_count() -> None:
+    plan = fake_plan([10, 10])
+    with pytest.raises(RuntimeError, match="agree"):
+        stream_for(plan, SplitOptions(), Position(rank=2, world=4, local_rank=0, local_world=2))
+    assert len(stream_for(plan, SplitOptions(), Position(2, 4, 0, 2, agreed=12))) == 12  # padded up to the agreed
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="partial"):
+        SplitOptions(partial="some")
+    with pytest.raises(ValueError, match="batch_size"):
+        BatchOptions(0)
+    with pytest.raises(ValueError, match="worker"):
+        Position(worker=2, workers=2)
+
+
+# --------------------------------------------------------------------------------------------- resume state
+def test_resume_state_round_trips_through_json() -> None:
+    state = ResumeState("job-a", 7, [3, 0, 12], seed=4, shuffle=True)
+    d = json.loads(json.dumps(state.to_dict()))
+    assert d == {"job": "job-a", "epoch": 7, "skip": [3, 0, 12], "seed": 4, "shuffle": True, "version": 1}
+    assert ResumeState.from_dict(d) == state
+    older = {"epoch": 2, "skip": [5], "seed": 0, "shuffle": False, "batches": 9}  # no version, no job
+    got = ResumeState.from_dict(older)
+    assert (got.job, got.version, got.to_dict()["batches"]) == (None, 1, 9)
+    with pytest.raises(ValueError, match="skip"):
+        ResumeState("j", 1, [-1], 0, True)
+    with pytest.raises(ValueError, match="version"):
+        ResumeState.from_dict({**d, "version": 99})
+
+
+def test_resume_point_is_used_once_for_its_epoch() -> None:
+    r = Reader(CacheOptions("http://127.0.0.1:9"), SplitOptions(seed=3))
+    r.pending = ResumeState(None, 4, [10, 20], 3, True)
+    assert r.resume_point(5, Position(workers=2)) == 0
+    with pytest.raises(ValueError, match="2 DataLoader workers"):
+        r.resume_point(4, Position())
+    assert r.resume_point(4, Position(worker=1, workers=2), consume=False) == 20
+    assert r.resume_point(4, Position(worker=0, workers=2)) == 10
+    assert r.resume_point(4, Position(worker=1, workers=2)) == 0
+    with pytest.raises(ValueError, match="seed"):
+        r.load_state({"epoch": 1, "skip": [0], "seed": 4, "shuffle": True})
+
+
+# --------------------------------------------------------------------------------------------- end to end
+@pytest.mark.e2e
+def test_an_epoch_through_samples_and_batches_exactly_once(daemon: Any, typed_dataset: Any, truth: Any) -> None:
+    d = daemon()
+    total = typed_dataset.rows
+    with Reader(CacheOptions(d.url, min_samples=total, wait=60), SplitOptions(seed=1)) as r:
+        epoch = r.take_epoch()
+        assert epoch == 0 and r.plan(epoch).total == total
+        positions = [Position(rank=k, world=2, local_rank=k, local_world=2) for k in range(2)]
+        assert [r.count(epoch, p) for p in positions] == [total // 2] * 2
+        samples = [s for p in positions for s in r.samples(epoch, p)]
+        truth.check_exactly_once(truth.check_samples(samples, typed_dataset.by_id), total)
+
+        epoch = r.take_epoch()
+        assert epoch == 1
+        opts = BatchOptions(batch_size=64, prefetch=2)
+        sizes, got = [], []
+        for p in positions:
+            for batch in r.batches(epoch, p, opts):
+                assert isinstance(batch["id"], np.ndarray) and batch["tensor"].shape == (len(batch["id"]), 4, 3)
+                assert isinstance(batch["text"], list)
+                sizes.append(len(batch["id"]))
+                got += list(split_batch(batch))
+        ids = truth.check_samples(got, typed_dataset.by_id)
+        truth.check_exactly_once(ids, total)
+        assert sizes == ([64] * (900 // 64) + [900 % 64]) * 2
+
+        # resume: the state after 100 samples of rank 1 goes on with the rest of that rank's samples
+        state = r.state(epoch, [100])
+        again = Reader(CacheOptions(d.url, min_samples=total, wait=60), SplitOptions(seed=1))
+        again.load_state(json.loads(json.dumps(state.to_dict())))
+        assert again.job == r.job
+        e = again.take_epoch()
+        start = again.resume_point(e, positions[1])
+        rest = [int(s["id"]) for s in again.samples(e, positions[1], start)]
+        assert rest == [int(s["id"]) for s in got[900 + 100:]]
+        again.close()
+
+
+@pytest.mark.e2e
+def test_a_column_the_cache_lacks_is_named(daemon: Any, typed_dataset: Any) -> None:
+    d = daemon()
+    with Reader(CacheOptions(d.url, columns=["id", "nope"], wait=60)) as r:
+        with pytest.raises(MissingColumn, match="nope.*the cache has") as e:
+            r.schema()
+        assert e.value.missing == ["nope"] and "text" in e.value.available
+        with pytest.raises(MissingColumn, match="nope"):
+            r.plan(r.take_epoch())
+    with Reader(CacheOptions(d.url, columns=["text", "id"])) as r:
+        assert [c["name"] for c in r.schema()["columns"]] == ["text", "id"]
+    with pytest.raises(DaemonError):  # nothing listens there
+        Reader(CacheOptions("http://127.0.0.1:9", deadline=1, retries=0)).schema()
