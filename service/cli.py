@@ -121,6 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2 if isinstance(e, DamagedCacheFile) else 1
     reloader = Reloader(_flags(args), args.config, loaded, daemon, set_level)
     daemon.config_state = reloader.state
+    reloader.start()
     daemon.start()
     signal.signal(signal.SIGHUP, lambda signum, frame: reloader.request())
     if held:

@@ -70,7 +70,10 @@ def config_path(given: str | Path | None, environ: Mapping[str, str]) -> Path | 
     named = given if given not in (None, "") else environ.get(CONFIG_ENV) or None
     if named is not None:
         return Path(named)
-    return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+    try:
+        return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+    except OSError:  # there but not readable (EACCES on /etc/samplecache): read_config says so, exit 2
+        return DEFAULT_CONFIG
 
 
 def _key_lines(text: str) -> dict[str, int]:

@@ -30,10 +30,17 @@ DAEMON_RUNTIME = {"max_bytes": "max_bytes", "eviction_policy": "policy", "min_fr
 RUNTIME = frozenset(DAEMON_RUNTIME) | {"log_level"}
 
 
-def changes(old: Settings, new: Settings) -> tuple[dict[str, Any], list[str]]:
-    """(runtime settings that changed: name -> new value, names of changed settings that need a restart)."""
-    changed = [n for n in Settings.model_fields if getattr(old, n) != getattr(new, n)]
-    return {n: getattr(new, n) for n in changed if n in RUNTIME}, [n for n in changed if n not in RUNTIME]
+def changes(old: Settings, new: Settings, live: Mapping[str, Any] | None = None
+            ) -> tuple[dict[str, Any], list[str]]:
+    """(runtime settings to apply: name -> new value, names of changed settings that need a restart).
+
+    A runtime setting is applied when its new value differs from the value in use (``live``: what
+    ``PATCH /v1/config`` or an earlier reload left), so a reload makes the daemon match its flags, environment
+    and config file again; without ``live`` the old settings stand for the values in use."""
+    in_use = {n: getattr(old, n) for n in RUNTIME} | dict(live or {})
+    runtime = {n: getattr(new, n) for n in sorted(RUNTIME, key=list(Settings.model_fields).index)
+               if in_use.get(n) != getattr(new, n)}
+    return runtime, [n for n in Settings.model_fields if n not in RUNTIME and getattr(old, n) != getattr(new, n)]
 
 
 class Reloader:
@@ -47,13 +54,32 @@ class Reloader:
         self.config = config if config not in (None, "") else loaded.config.path
         self.current = loaded.settings
         self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._thread: threading.Thread | None = None
         self.state: dict[str, Any] = {"file": str(loaded.config.path) if loaded.config.path else None,
                                       "reloads": 0, "last_reload_at": None, "last_error": None,
                                       "needs_restart": []}
 
     def request(self) -> None:
-        """Safe to call from a signal handler: the work runs on a new thread."""
-        threading.Thread(target=self.reload, name="reload", daemon=True).start()
+        """Safe to call from a signal handler: it only sets an event (a thread started beforehand does the work;
+        starting a thread here could deadlock on threading's own lock, held by the interrupted code)."""
+        self._wanted.set()
+        if self._thread is None:  # not started (a direct call outside serve): reload on this thread
+            self._wanted.clear()
+            self.reload()
+
+    def start(self) -> None:
+        """Start the thread that reloads on ``request()``."""
+        def loop() -> None:
+            while True:
+                self._wanted.wait()
+                self._wanted.clear()
+                try:
+                    self.reload()
+                except Exception:  # noqa: BLE001 - a reload never takes the daemon down; said in the log
+                    log.exception("reload failed", extra={"event": "config_reload_failed"})
+        self._thread = threading.Thread(target=loop, name="reload", daemon=True)
+        self._thread.start()
 
     def reload(self) -> dict[str, Any]:
         """Load the settings again and apply what changed; returns what happened (also logged)."""
@@ -66,7 +92,7 @@ class Reloader:
                 log.error("reload failed, still running on the settings in use: %s", e,
                           extra={"event": "config_reload_failed"})
                 return {"applied": {}, "needs_restart": [], "error": str(e)}
-            runtime, restart = changes(self.current, loaded.settings)
+            runtime, restart = changes(self.current, loaded.settings, self.daemon.runtime_config())
             error = self._apply(runtime)
             applied = {} if error else runtime
             if applied:

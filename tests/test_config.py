@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -153,6 +154,10 @@ def test_reload_sorts_changes_into_runtime_and_restart() -> None:
     assert runtime == {"max_bytes": 2**30, "log_level": "debug"} and sorted(restart) == ["port", "samplers"]
     assert RUNTIME >= {"max_bytes", "eviction_policy", "pacing", "replace_per_epoch", "max_ingest_rate",
                        "log_level"}
+    # against the values in use: a PATCHed budget is put back to what the settings say, an equal one is left
+    live = {"max_bytes": 2**29, "log_level": "debug"}
+    assert changes(old, new, live) == ({"max_bytes": 2**30}, ["port", "samplers"])
+    assert changes(old, old, {"pacing": "off"}) == ({"pacing": "epoch"}, [])
 
 
 # --- SIGHUP on a live daemon -----------------------------------------------------------------------
@@ -199,5 +204,15 @@ def test_sighup_reloads_runtime_settings_and_names_the_rest(daemon: Any, tmp_pat
     assert "smaller than one shard" in (st["config"]["last_error"] or ""), st["config"]
     cfg = get(d.url + "/v1/config").json()
     assert (cfg["max_bytes"], cfg["replace_per_epoch"]) == (48 * 2**20, 0.5)
+    # a PATCH lasts until a reload: the reload makes the daemon match its file again
+    req = urllib.request.Request(d.url + "/v1/config", data=json.dumps({"max_bytes": "40MiB"}).encode(),
+                                 method="PATCH", headers={**d.headers, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert json.loads(r.read())["max_bytes"] == 40 * 2**20
+    f.write_text('max_bytes = "48MiB"\nreplace_per_epoch = 0.5\nlog_level = "debug"\ndiscover_interval = 30\n'
+                 'eviction_policy = "lru"\n')
+    os.kill(d.proc.pid, signal.SIGHUP)
+    st = until(lambda: (s := _config(d, get))["config"].get("reloads") == 4 and s, 20, "the fourth reload")
+    assert st["config"]["last_error"] is None and get(d.url + "/v1/config").json()["max_bytes"] == 48 * 2**20
     time.sleep(0.2)
     assert d.proc.poll() is None

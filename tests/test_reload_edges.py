@@ -33,6 +33,9 @@ class _Daemon:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
+    def runtime_config(self) -> dict[str, Any]:
+        return {}  # the values in use: as loaded (a reload then compares with the settings it holds)
+
     def configure(self, **kw: Any) -> "Future[None]":
         self.calls.append(kw)
         fut: Future[None] = Future()
