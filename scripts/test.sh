@@ -25,6 +25,9 @@ fi
 bash scripts/setup.sh test
 # tests/test_tf.py: samplecache.tf needs TensorFlow, the `tf` extra (tensorflow-cpu: ~25 s; leaves numpy and torch be)
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[tf]"
+# tests/test_dali.py: samplecache.dali needs NVIDIA DALI, the `dali` extra (nvidia-dali-cuda120, a 425 MB wheel that
+# runs CPU-only pipelines too: ~30 s; leaves numpy and torch be)
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[dali]"
 # the peers of the benchmark suite (its CI smoke run verifies every loader row); never fatal
 bash benchmarks/install_peers.sh || echo "warning: benchmark peers not installed; their rows will say so" >&2
 # A private temp dir for the run, which must be empty at the end: tests keep their files under their own dirs and
