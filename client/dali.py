@@ -137,6 +137,7 @@ class DaliSource:
         self._batches: Iterator[dict[str, Any]] | None = None
         self._epoch: int | None = None  # the job epoch being fed
         self._start = 0  # samples skipped at its start (resume)
+        self._count = 0  # this shard's samples in that epoch
         self._sizes: list[int] = []  # samples of each batch fed in this epoch
         self._ended = False
 
@@ -196,6 +197,7 @@ class DaliSource:
         epoch = self.reader.take_epoch()
         start = self.reader.resume_point(epoch, self.position)
         self._epoch, self._start, self._sizes, self._ended = epoch, start, [], False
+        self._count = self.reader.count(epoch, self.position)  # this shard's samples in the epoch
         self._batches = self.reader.batches(epoch, self.position, self.options, start)
 
     def _finish(self, ended: bool) -> None:
@@ -219,10 +221,12 @@ class DaliSource:
         if not 0 <= consumed <= len(self._sizes):
             raise ValueError(f"consumed={consumed}, but {len(self._sizes)} batches of epoch {self._epoch} were "
                              f"fed to the pipeline")
-        if self._ended and consumed in (0, len(self._sizes)):
-            # the pipeline hands out a batch whenever it runs: 0 after the epoch ended means the next one
+        done = self._start + sum(self._sizes[:consumed])
+        if done >= self._count or (self._ended and consumed == 0):
+            # read to its end; or between epochs (the pipeline hands out a batch whenever it runs, so 0 batches
+            # of an epoch that ended means the next one)
             return self.reader.state(self.reader.next_epoch(), [0]).to_dict()
-        return self.reader.state(self._epoch, [self._start + sum(self._sizes[:consumed])]).to_dict()
+        return self.reader.state(self._epoch, [done]).to_dict()
 
     def load_state_dict(self, state: ResumeState | Mapping[str, Any]) -> None:
         """Go on where a saved state stood, at the next epoch start (build the pipeline after this, or call

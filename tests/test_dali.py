@@ -5,6 +5,7 @@ and JPEG bytes, ``label`` int64)."""
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import uuid
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.e2e
 N = 96  # samples; a JPEG for every odd id, a PNG for every even one
 BATCH = 16
 SIZE = 24  # the example pipeline resizes every image to SIZE x SIZE
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def encode(pixels: np.ndarray, fmt: str) -> bytes:
@@ -62,6 +64,14 @@ def images(s3: Any, bucket: str, tmp_path: Path) -> Iterator[tuple[str, list[byt
             s3.fs().rm(prefix, recursive=True)
         except FileNotFoundError:
             pass
+
+
+def readme_example() -> str:
+    text = README.read_text()
+    section = text[text.index("### NVIDIA DALI"):]
+    found = re.search(r"```python\n(.*?)```", section, re.S)
+    assert found, "the README's DALI section has no python example"
+    return found.group(1)
 
 
 def example_pipeline(source: DaliSource) -> Any:
@@ -123,6 +133,19 @@ def test_example_pipeline_decodes_the_cached_images_on_cpu(daemon: Any, images: 
                         f"{img.shape} vs {expected.shape}")
         assert orders[0] != orders[1], "the second epoch has the first one's order"
         del pipe
+
+    # the README's example as written, on CPU (device_id=None and the "cpu" decoder instead of "mixed")
+    code = readme_example()
+    for gpu, cpu in (('"http://127.0.0.1:8750"', repr(d.url)), ("device_id=0", "device_id=None"),
+                     ('device="mixed"', 'device="cpu"')):
+        assert gpu in code, gpu
+        code = code.replace(gpu, cpu)
+    env: dict[str, Any] = {}
+    exec(compile(code, "README.md (NVIDIA DALI)", "exec"), env)
+    assert env["epoch"] == 2 and env["step"] == 2, "96 samples in batches of 64: 2 steps per epoch"
+    assert env["images"].as_array().shape == (32, 3, 224, 224) and env["labels"].as_array().shape == (32,)
+    assert env["state"]["epoch"] == 3 and env["state"]["skip"] == [0], env["state"]
+    del env
 
     # a column the cache lacks: one error naming it, and the columns there are
     with pytest.raises(MissingColumn) as err:
