@@ -237,3 +237,36 @@ def test_ingest_quick(tmp_path: Path) -> None:
     for text in ("x raw", "where a sampler's time goes", "cProfile of run_task"):
         assert text in proc.stdout, report
     assert result["verified"] and proc.returncode == 0, report
+
+
+# --- benchmarks/tf_feed.py --quick: samplecache.tf against plain tf.data over pyarrow -------------------------
+
+TF_FEED = REPO / "benchmarks" / "tf_feed.py"
+TF_LOADERS = ("samplecache.tf", "tf-pyarrow-batches", "tf-pyarrow-samples")
+
+
+@pytest.mark.e2e
+def test_tf_feed_quick(tmp_path: Path) -> None:
+    """Every row of the TensorFlow comparison, both datasets: every pass verified (count + checksums), the
+    same batch size for every row, the ratio to samplecache.tf in the JSON and the printed table."""
+    out = tmp_path / "tf.json"
+    proc = subprocess.run(
+        [sys.executable, str(TF_FEED), "--quick", "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert out.exists(), report
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert {(r["dataset"], r["loader"]) for r in rows} == {
+        (d, name) for d in ("small", "large") for name in TF_LOADERS}, report
+    for r in rows:
+        name = f"{r['loader']} {r['dataset']}"
+        assert r["error"] is None and r["verified"], f"{name}: {r['error']} {r['passes']}\n{report}"
+        assert len(r["passes"]) == result["passes"] + 1 and all(p["ok"] for p in r["passes"]), name
+        assert r["expected"]["samples"] == r["samples"] == result["datasets"][r["dataset"]]["samples"], name
+        assert r["batch_size"] == result["datasets"][r["dataset"]]["batch_size"], name
+        assert r["samples_per_s"] > 0 and r["ratio_samplecache_to_this"] > 0, name
+        if r["loader"] == "samplecache.tf":
+            assert r["ratio_samplecache_to_this"] == 1.0, name
+    assert "x peer" in proc.stdout and "tf-pyarrow-samples" in proc.stdout, report
+    assert proc.returncode == 0, report
