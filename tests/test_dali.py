@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 from PIL import Image
 
 from samplecache.core import CacheOptions, MissingColumn, SplitOptions
@@ -210,6 +211,14 @@ def test_two_shards_read_every_sample_once_per_epoch_and_resume(daemon: Any, ima
         first.close()
         second.close()
 
+    # PyTorch's DALIGenericIterator over the pipeline: one epoch per loop (it resets the pipeline itself)
+    with DaliSource(replace(cache, columns=["id"]), BATCH) as source:
+        loader = DALIGenericIterator(id_pipeline(source), ["id"], last_batch_policy=LastBatchPolicy.PARTIAL)
+        for epoch in range(2):
+            ids = [i for b in loader for i in b[0]["id"].tolist()]
+            assert sorted(ids) == list(range(N)), f"epoch {epoch} through DALIGenericIterator"
+        del loader
+
     # resume mid-epoch: a new source goes on after the batches the pipeline handed out
     with DaliSource(replace(cache, columns=["id"], job="dali-resume"), BATCH, split=SplitOptions(seed=9)) as source:
         pipe = id_pipeline(source)
@@ -245,6 +254,13 @@ def test_column_feeds() -> None:
     with pytest.raises(UnsupportedColumn, match="'m'"):
         column_feed({"name": "m", "kind": "nested", "type": {"t": "map", "key": {"t": "string"},
                                                                "value": {"t": "string"}}})
+
+
+def test_the_adapter_imports_no_other_framework() -> None:
+    code = ("import sys, samplecache.dali\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'tensorflow', 'jax'}))")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert got.stdout.strip() == "[]", got.stdout
 
 
 def test_without_dali_the_error_names_the_extra() -> None:
