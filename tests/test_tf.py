@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from samplecache.core import MissingColumn, ResumeState  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 B = 64
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +222,14 @@ def test_a_keras_model_trains_through_it(daemon: Any, s3: Any, bucket: str) -> N
         assert len(acc) == 2 and acc[-1] > 0.9, history.history
         assert history.history["loss"][1] < history.history["loss"][0]
         assert f.reader.current_epoch() == 1  # one job epoch per Keras epoch
+
+    # the README's example, as written
+    section = README.read_text().split("### TensorFlow", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert code, "the README's TensorFlow section has no python example"
+    env: dict[str, Any] = {"url": d.url}
+    exec(compile(code[0], "README.md (TensorFlow)", "exec"), env)
+    assert env["step"] == 3 and env["rest"] == 2000 - 4 * 256
+    assert env["model"].built and env["ds"].samplecache_feed.reader.current_epoch() == 1
+    env["feed"].close()
+    env["ds"].samplecache_feed.close()
