@@ -12,6 +12,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -83,3 +85,16 @@ def get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -
     req = urllib.request.Request(url, headers=headers or {})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return int(resp.status), resp.read()
+
+
+def wait_get(url: str, seconds: float, timeout: float = 5.0) -> tuple[int, bytes]:
+    """``get(url)`` until the server answers (an HTTP error status is an answer); fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return get(url, timeout)
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except OSError as e:
+            assert time.monotonic() < deadline, f"no answer from {url} within {seconds:.0f} s: {e}"
+            time.sleep(0.3)
