@@ -25,6 +25,9 @@ fi
 bash scripts/setup.sh test
 # tests/test_tf.py: samplecache.tf needs TensorFlow, the `tf` extra (tensorflow-cpu: ~25 s; leaves numpy and torch be)
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[tf]"
+# tests/test_arrays.py runs the README's JAX example on CPU: the `jax` extra (jax + jaxlib + scipy, ~0.5 GB,
+# ~30 s; leaves numpy and torch be)
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[jax]"
 # tests/test_dali.py: samplecache.dali needs NVIDIA DALI, the `dali` extra (nvidia-dali-cuda120, a 425 MB wheel that
 # runs CPU-only pipelines too: ~30 s; leaves numpy and torch be)
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[dali]"

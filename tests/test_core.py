@@ -22,7 +22,7 @@ FRAMEWORKS = ("torch", "tensorflow", "jax", "nvidia.dali")
 
 
 def test_importing_the_core_imports_no_framework() -> None:
-    code = ("import sys, json, samplecache.core\n"
+    code = ("import sys, json, samplecache.core, samplecache.arrays\n"
             f"print(json.dumps([m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r} or m in {FRAMEWORKS!r}]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout) == []
