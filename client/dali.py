@@ -183,7 +183,7 @@ class DaliSource:
                              f"adds the output {unmasked[0] + VALID_SUFFIX!r}")
         self._sizes.append(len(next(iter(batch.values()))))
         out = []
-        for name, _, ndim, feed in self._outputs:
+        for name, _, _, feed in self._outputs:
             if feed is None:  # a mask: the batch has one when the column holds a null in it
                 got = batch.get(name)
                 base = batch[name[:-len(VALID_SUFFIX)]]
