@@ -32,6 +32,7 @@ Resume: ``Feed.state(batches)`` after ``batches`` batches of the current epoch, 
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -44,9 +45,10 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
     raise ImportError('samplecache.tf needs TensorFlow: pip install "samplecache[tf]" (tensorflow-cpu), '
                       f'or install tensorflow yourself ({e})') from e
 
-from samplecache.core import (BatchOptions, CacheOptions, MissingColumn, Position, Reader, ResumeState,
-                              SplitOptions, epoch_number)
+from samplecache.core import (BatchOptions, CacheOptions, EpochPlan, MissingColumn, Position, Reader,
+                              ResumeState, SplitOptions, epoch_number)
 from samplecache.epoch_source import check_columns
+from samplecache.gather import default_threads
 from samplecache.reader import VALID_SUFFIX
 from samplecache.record import Column
 
@@ -181,6 +183,35 @@ def _convert(cols: list[_Col], batch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# -- output buffers TensorFlow can adopt ----------------------------------------------------------------------
+ALIGN = 64  # TensorFlow takes a numpy array into a tensor without a copy when its data is this aligned
+POOL_MIN_BYTES = 64 << 10  # smaller gathers come from numpy's allocator as usual
+POOL_PER_SIZE = 8  # buffers kept per size
+
+
+class Buffers:
+    """The arrays the core's gathers write into: 64-byte aligned, so that ``from_generator`` hands them to
+    TensorFlow without a copy (an unaligned array is copied, at a fraction of memcpy speed), and reused once
+    nothing holds them (the tensors made from them, and the arrays a user took with ``.numpy()``, hold a
+    reference: a buffer is reused only when the pool's is the last), so the pages are not faulted in again."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, list[np.ndarray]] = {}
+
+    def alloc(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if nbytes < POOL_MIN_BYTES:
+            return None
+        held = self._held.setdefault(nbytes, [])
+        raw = next((r for r in held if sys.getrefcount(r) <= 3), None)  # the list, r, getrefcount's argument
+        if raw is None:
+            raw = np.empty(nbytes + ALIGN, np.uint8)
+            if len(held) < POOL_PER_SIZE:
+                held.append(raw)
+        off = -raw.ctypes.data % ALIGN
+        return raw[off:off + nbytes].view(dtype).reshape(shape)
+
+
 # -- the feed ---------------------------------------------------------------------------------------------
 def _position(input_context: Any, position: Position | None) -> Position:
     if position is not None:
@@ -264,12 +295,22 @@ class Feed:
                 start = pending.skip[0]
                 del self._pending[pipe]
             self._at[pipe] = (epoch, start)
-        batches = self.reader.batches(epoch, pos, self.options, start)
+        buffers, b = Buffers(), self.options.batch_size
+        threads = self.options.copy_threads or default_threads()
+
+        def gather(plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, unit: int
+                   ) -> Iterator[tuple[int, dict[str, Any]]]:  # the core's gather_batches, into Buffers
+            got = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, buffers.alloc,
+                                    threads, masks=True)
+            for a in range(0, len(idx), b):
+                yield min(b, len(idx) - a), {k: v[a:a + b] for k, v in got.items()}
+
+        items = self.reader.iterate(epoch, pos, start, self.options, gather=gather)
         try:
-            for batch in batches:
+            for _, batch in items:
                 yield _convert(self._cols, batch)
         finally:
-            batches.close()  # type: ignore[attr-defined]  # the lease goes now, not when collected
+            items.close()  # type: ignore[attr-defined]  # the lease goes now, not when collected
 
     def count(self, epoch: int, input_context: Any = None, position: Position | None = None) -> int:
         """Samples one pipeline reads in job epoch ``epoch`` (``steps = ceil(count / batch_size)``)."""

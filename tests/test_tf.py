@@ -110,6 +110,25 @@ def test_element_spec_of_every_kind() -> None:
     assert sctf.element_spec(schema, 8)["x"] == tf.TensorSpec([8, 4, 3], tf.float16)
 
 
+def test_buffers_are_aligned_and_reused_only_when_nothing_holds_them() -> None:
+    pool, shape, f4 = sctf.Buffers(), (64, 1024), np.dtype("<f4")
+    assert pool.alloc("x", (10,), f4) is None  # small: numpy's allocator
+    a = pool.alloc("x", shape, f4)
+    assert a is not None and a.ctypes.data % sctf.ALIGN == 0 and a.shape == shape and a.dtype == np.float32
+    a[:] = 1.0
+    first = a.ctypes.data
+    batches = iter(tf.data.Dataset.from_generator(lambda: iter([a[:32]]), output_signature=tf.TensorSpec([32, 1024])))
+    t = next(batches)  # TensorFlow adopts the aligned array (no copy): the tensor holds the buffer
+    del a, batches
+    b = pool.alloc("x", shape, f4)
+    assert b is not None and b.ctypes.data != first
+    b[:] = 2.0
+    assert float(tf.reduce_sum(t)) == 32 * 1024  # untouched
+    del t, b
+    c = pool.alloc("x", shape, f4)
+    assert c is not None and c.ctypes.data == first  # free again: reused, not faulted in again
+
+
 # --------------------------------------------------------------------------------------------- end to end
 def test_element_spec_and_values_match_the_cache(typed_url: str, typed_dataset: Any, truth: Any, get: Any) -> None:
     schema = get(typed_url + "/v1/schema").json()
