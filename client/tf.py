@@ -189,6 +189,14 @@ POOL_MIN_BYTES = 64 << 10  # smaller gathers come from numpy's allocator as usua
 POOL_PER_SIZE = 8  # buffers kept per size
 
 
+def _refs(held: list[np.ndarray], i: int) -> int:
+    """References to ``held[i]``, counted the same way for the probe below and for the pool's buffers."""
+    return sys.getrefcount(held[i])
+
+
+_FREE = _refs([np.empty(1)], 0)  # what _refs says when only the list holds the array (Python version proof)
+
+
 class Buffers:
     """The arrays the core's gathers write into: 64-byte aligned, so that ``from_generator`` hands them to
     TensorFlow without a copy (an unaligned array is copied, at a fraction of memcpy speed), and reused once
@@ -203,7 +211,7 @@ class Buffers:
         if nbytes < POOL_MIN_BYTES:
             return None
         held = self._held.setdefault(nbytes, [])
-        raw = next((r for r in held if sys.getrefcount(r) <= 3), None)  # the list, r, getrefcount's argument
+        raw = next((held[i] for i in range(len(held)) if _refs(held, i) <= _FREE), None)
         if raw is None:
             raw = np.empty(nbytes + ALIGN, np.uint8)
             if len(held) < POOL_PER_SIZE:
