@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["SampleCacheDataset", "SampleCacheLoader", "DaemonError", "EpochGone", "collate", "decode_image",
-           "__version__"]
+__all__ = ["SampleCacheDataset", "SampleCacheLoader", "DaemonError", "EpochGone", "MissingColumn", "collate",
+           "decode_image", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,4 +30,7 @@ def __getattr__(name: str) -> Any:
     if name in ("DaemonError", "EpochGone"):
         from samplecache import daemon_api
         return getattr(daemon_api, name)
+    if name == "MissingColumn":  # a KeyError naming the column, the cached ones and those left out (no torch)
+        from samplecache.epoch_source import MissingColumn
+        return MissingColumn
     raise AttributeError(f"module 'samplecache' has no attribute {name!r}")

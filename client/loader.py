@@ -17,7 +17,6 @@ from typing import Any, Callable, Iterator
 from torch.utils.data import DataLoader
 
 from samplecache.dataset import SampleCacheDataset
-from samplecache.topology import topology
 from samplecache.transport import Packed, Ring, materialize
 
 PACK_BYTES = 1 << 20  # a worker gathers this many bytes of small batches into one slot, sent as one item
@@ -39,7 +38,7 @@ def per_worker_items(items: list[int], taken: int) -> list[int]:
 def pack_sizes(samples: int, batch: int, pack: int, drop_last: bool) -> list[int]:
     """Batches per item of a reader with ``samples`` left: packs of ``pack`` whole batches, the whole
     batches left over as one item, then the short batch (unless dropped). Mirrors the dataset's
-    ``_make_batches``."""
+    ``samplecache.stream.Stream.batch_groups``."""
     whole, part = divmod(samples, batch)
     sizes = [pack] * (whole // pack) + ([whole % pack] if whole % pack else [])
     return sizes + ([1] if part and not drop_last else [])
@@ -87,7 +86,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             plan = ds.plan(ds.next_epoch())
             per_sample = max(1, int(plan.manifest.get("bytes", 0)) // max(1, plan.total))
             pack = max(1, min(MAX_PACK, PACK_BYTES // (per_sample * ds.batch_size)))
-            if ds._collate_rest and any(plan.schema.columns[c].kind != "fixed" for c in plan.cols):
+            if ds.collate_rest and any(plan.schema.columns[c].kind != "fixed" for c in plan.cols):
                 pack = 1  # such columns are collated batch by batch in the worker
             slot = int(per_sample * ds.batch_size * pack * 1.25) + 64 * (len(plan.cols) + 1) + 4096
             self._ring = Ring(self.num_workers, (self.prefetch_factor or 2) + 2, slot, pack)
@@ -98,17 +97,16 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
-        if self._source is not ds and self._source._resume is not None:  # load_state_dict on the caller's one
-            ds._resume, self._source._resume = self._source._resume, None
-        resume = ds._resume
+        reader = ds.reader  # the caller's dataset and its batching copy share it (and a loaded resume state)
+        resume = reader.pending
         ds.plan(ds.next_epoch())  # mapped (or refused, e.g. EpochGone) here, before any worker asks
-        if ds._clock.agreed(ds.next_epoch()) is None:
+        if reader.agreed(ds.next_epoch()) is None:
             ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
-        ds._ring = self._ring_for(ds)
-        self._packed = ds._ring is not None and self._pack() > 1  # the workers send packs of batches
+        ds.ring = self._ring_for(ds)
+        self._packed = ds.ring is not None and self._pack() > 1  # the workers send packs of batches
         it = super().__iter__()
         self._running = weakref.ref(it)
-        ds._ring = None  # the workers have forked with it; a plain DataLoader later must not see it
+        ds.ring = None  # the workers have forked with it; a plain DataLoader later must not see it
         self._taken = self._items = self._in_item = 0
         self._epoch = None
         self._base = [0] * self._workers()
@@ -116,8 +114,8 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             for item in it:
                 if self._epoch is None:
                     self._epoch = ds.current_epoch()
-                    if resume and int(resume["epoch"]) == self._epoch:
-                        self._base = list(resume["skip"])
+                    if resume is not None and resume.epoch == self._epoch:
+                        self._base = list(resume.skip)
                 got = materialize(item)
                 batches = got if isinstance(got, Packed) else (got,)
                 self._in_item = 0
@@ -128,26 +126,22 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
                 self._items += 1
                 self._in_item = 0
         finally:
-            ds._resume = None
+            reader.pending = None
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands, for ``load_state_dict`` in a new process."""
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
         if self._epoch is None:  # nothing read yet: the pending resume point, or the next epoch's start
-            r = ds._resume
+            r = ds.reader.pending
             if r is not None:
-                return {"epoch": r["epoch"], "skip": list(r["skip"]), "seed": ds.seed, "shuffle": ds.shuffle,
-                        "batches": 0, "job": ds.job}
-            return {"epoch": ds.next_epoch(), "skip": [0] * self._workers(), "seed": ds.seed,
-                    "shuffle": ds.shuffle, "batches": 0, "job": ds.job}
-        plan = ds.plan(self._epoch)
-        topo = topology(ds._topology)
+                return {**ds.reader.state(r.epoch, r.skip).to_dict(), "batches": 0}
+            return {**ds.reader.state(ds.next_epoch(), [0] * self._workers()).to_dict(), "batches": 0}
         w = self._workers()
         base = self._base or [0] * w
         per_batch = ds.batch_size or 1
         if self.batch_size is not None:
             per_batch *= self.batch_size
-        totals = [ds.stream(plan, topo, i, w).total for i in range(w)]
+        totals = [ds.reader.count(self._epoch, ds.position(self._epoch, i, w)) for i in range(w)]
         pack = self._pack() if self._packed else 1
         items = [pack_sizes(t - b, per_batch, pack, self._drops_last()) for t, b in zip(totals, base)]
         done = per_worker_items([len(x) for x in items], self._items)  # items wholly handed out, per worker
@@ -156,8 +150,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         for i in range(w):
             batches = sum(items[i][:done[i]]) + (self._in_item if now[i] > done[i] else 0)
             skip.append(min(base[i] + batches * per_batch, totals[i]))
-        return {"epoch": self._epoch, "skip": skip, "seed": ds.seed, "shuffle": ds.shuffle, "batches": self._taken,
-                "job": ds.job}
+        return {**ds.reader.state(self._epoch, skip).to_dict(), "batches": self._taken}
 
     def _drops_last(self) -> bool:
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
