@@ -2,9 +2,8 @@
 
 One ``Reader`` per job: its epochs (job, manifests fetched once per process, the next one fetched ahead, leases
 while reading), the split of an epoch over ranks x workers (``Position``), and the reading itself, as
-per-sample dicts (``samples``) or columnar numpy batches (``batches``, vectorised gathers). ``ResumeState`` is
-where a reader stands, in a documented JSON form (README, "Resuming"). The PyTorch, TensorFlow, JAX/NumPy and
-DALI adapters are thin layers on top of this module; it never imports any of them.
+per-sample dicts (``samples``) or columnar numpy batches (``batches``, vectorised gathers). ``ResumeState``: where
+a reader stands, as documented JSON (README). The PyTorch, TensorFlow, JAX/NumPy and DALI adapters sit on top.
 """
 
 from __future__ import annotations
