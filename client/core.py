@@ -194,9 +194,9 @@ def batch_groups(plan: EpochPlan, stream: Stream, start: int, batch: int, unit: 
 
 
 def gather_batches(plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, batch: int, threads: int = 1,
-                   masks: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(samples, batch) for these positions: one vectorised gather, each batch of ``batch`` a view of it."""
-    got = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, threads=threads, masks=masks)
+                   masks: bool = True, alloc: Any = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(samples, batch) for these positions: one vectorised gather (into ``alloc``'s arrays), batches views of it."""
+    got = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, alloc, threads, masks)
     for a in range(0, len(idx), batch):
         yield min(batch, len(idx) - a), {k: v[a:a + batch] for k, v in got.items()}
 

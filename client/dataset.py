@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
+from samplecache.bufferpool import BufferPool, plain
 from samplecache.collation import collate_into
 from samplecache.core import (BatchOptions, CacheOptions, EpochPlan, Position, Reader, SplitOptions, gather_batches,
                               stream_for)
@@ -32,6 +33,11 @@ _DATASETS = itertools.count()  # the n-th dataset made in a process: the same n 
 def _setting(part: str, name: str) -> property:
     """A constructor setting kept by the core reader: read-only here (one copy of it)."""
     return property(lambda self: getattr(getattr(self.reader, part), name), doc=f"``{name}`` as given")
+
+
+def pinned(nbytes: int) -> np.ndarray:
+    """Page-locked host memory as numpy (the buffer pool's, when CUDA is available)."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
 
 
 def _tensors(batch: dict[str, Any]) -> dict[str, Any]:
@@ -84,6 +90,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self._topology = topology()
         self._iterations = 0
         self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
+        self._pool: BufferPool | None = None  # in-process batches are gathered into its reused buffers
 
     url = _setting("source", "url")
     columns = _setting("source", "columns")
@@ -222,8 +229,16 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
             for a in range(0, len(idx), unit):
                 yield min(unit, len(idx) - a), self._collate(plan, idx[a:a + unit], rows[a:a + unit], b)
             return
-        for n, batch in gather_batches(plan, idx, rows, b, self._threads(), masks=True):
+        pool = self.buffers() if get_worker_info() is None else None  # a worker's batches are sent away
+        for n, batch in gather_batches(plan, idx, rows, b, self._threads(), True, pool and pool.alloc):
             yield n, self._finish(_tensors(batch))
+
+    def buffers(self) -> BufferPool:
+        """The reused output buffers of in-process batches (pinned when CUDA is available): a batch's tensors
+        view one; it is written again only once no tensor or array of that batch is held."""
+        if self._pool is None:
+            self._pool = BufferPool(pinned if torch.cuda.is_available() else plain)
+        return self._pool
 
     def _finish(self, batch: dict[str, Any]) -> dict[str, Any]:
         """One batch as ``samplecache.collate`` makes it from the samples (``default_collate`` where that
@@ -253,11 +268,13 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         resume state."""
         twin = copy.copy(self)
         twin.batch_size, twin.drop_last, twin.collate_rest = int(batch_size), bool(drop_last), True
+        twin._pool = None
         return twin
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["ring"] = None  # only forked workers share the ring (inherited, never pickled)
+        state["_pool"] = None  # in-process only
         return state
 
     # -- resuming (in-process iteration; with DataLoader workers use SampleCacheLoader) ---------------

@@ -32,7 +32,6 @@ Resume: ``Feed.state(batches)`` after ``batches`` batches of the current epoch, 
 
 from __future__ import annotations
 
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -45,6 +44,7 @@ except ImportError as e:  # pragma: no cover - exercised by a subprocess test
     raise ImportError('samplecache.tf needs TensorFlow: pip install "samplecache[tf]" (tensorflow-cpu), '
                       f'or install tensorflow yourself ({e})') from e
 
+from samplecache.bufferpool import ALIGN, BufferPool as Buffers  # noqa: F401 (ALIGN: re-exported)
 from samplecache.core import (BatchOptions, CacheOptions, EpochPlan, MissingColumn, Position, Reader,
                               ResumeState, SplitOptions, epoch_number)
 from samplecache.epoch_source import check_columns
@@ -181,43 +181,6 @@ def _convert(cols: list[_Col], batch: dict[str, Any]) -> dict[str, Any]:
             if col.masked:
                 out[valid_name] = valid
     return out
-
-
-# -- output buffers TensorFlow can adopt ----------------------------------------------------------------------
-ALIGN = 64  # TensorFlow takes a numpy array into a tensor without a copy when its data is this aligned
-POOL_MIN_BYTES = 64 << 10  # smaller gathers come from numpy's allocator as usual
-POOL_PER_SIZE = 8  # buffers kept per size
-
-
-def _refs(held: list[np.ndarray], i: int) -> int:
-    """References to ``held[i]``, counted the same way for the probe below and for the pool's buffers."""
-    return sys.getrefcount(held[i])
-
-
-_FREE = _refs([np.empty(1)], 0)  # what _refs says when only the list holds the array (Python version proof)
-
-
-class Buffers:
-    """The arrays the core's gathers write into: 64-byte aligned, so that ``from_generator`` hands them to
-    TensorFlow without a copy (an unaligned array is copied, at a fraction of memcpy speed), and reused once
-    nothing holds them (the tensors made from them, and the arrays a user took with ``.numpy()``, hold a
-    reference: a buffer is reused only when the pool's is the last), so the pages are not faulted in again."""
-
-    def __init__(self) -> None:
-        self._held: dict[int, list[np.ndarray]] = {}
-
-    def alloc(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        if nbytes < POOL_MIN_BYTES:
-            return None
-        held = self._held.setdefault(nbytes, [])
-        raw = next((held[i] for i in range(len(held)) if _refs(held, i) <= _FREE), None)
-        if raw is None:
-            raw = np.empty(nbytes + ALIGN, np.uint8)
-            if len(held) < POOL_PER_SIZE:
-                held.append(raw)
-        off = -raw.ctypes.data % ALIGN
-        return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
 # -- the feed ---------------------------------------------------------------------------------------------
