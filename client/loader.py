@@ -6,6 +6,11 @@ data, starting at worker 0 every epoch). From the number of batches the trainer
 took, the loader works out how many samples each worker's stream delivered, so
 a new process resumes every worker's stream exactly there: no sample repeated,
 none skipped.
+
+``device=`` (e.g. ``"cuda"``) hands out batches on that device: each host batch (pinned memory in-process when
+CUDA is available: the dataset's buffer pool) is copied with ``non_blocking=True`` on a side stream while the
+consumer works on the previous batch; the host batch is let go (its buffer or ring slot recycled) only once its
+copy is done.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import multiprocessing as mp
 import weakref
 from typing import Any, Callable, Iterator
 
+import torch
 from torch.utils.data import DataLoader
 
 from samplecache.dataset import SampleCacheDataset
@@ -35,6 +41,66 @@ def per_worker_items(items: list[int], taken: int) -> list[int]:
     return got
 
 
+def _moved(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    """``batch`` with its tensors (in dicts, lists and tuples) on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: _moved(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and not isinstance(batch, str):
+        return type(batch)(_moved(v, device, non_blocking) for v in batch) if not hasattr(batch, "_fields") \
+            else type(batch)(*(_moved(v, device, non_blocking) for v in batch))
+    return batch
+
+
+def _tensors_of(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            yield from _tensors_of(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from _tensors_of(v)
+
+
+def cuda_ahead(items: Iterator[tuple[Any, Any]], device: torch.device) -> Iterator[tuple[Any, Any]]:
+    """(batch, tag) pairs with each batch's tensors copied to ``device`` on a side stream, one batch ahead of the
+    consumer: batch k+1's copy is queued before batch k is handed out. The consumer's stream waits for the copy
+    (``wait_event``, ``record_stream`` for the caching allocator); the host batch is dropped only after its copy
+    is done (its memory may be reused at once: a buffer-pool buffer or a ring slot)."""
+    stream = torch.cuda.Stream(device)
+    pending: tuple[Any, Any, torch.cuda.Event, Any] | None = None
+
+    def hand_over(host: Any, moved: Any, done: torch.cuda.Event, tag: Any) -> tuple[Any, Any]:
+        current = torch.cuda.current_stream(device)
+        current.wait_event(done)
+        for v in _tensors_of(moved):
+            if v.device.type == "cuda":
+                v.record_stream(current)
+        done.synchronize()  # the host copy source may be recycled once `host` is dropped
+        return moved, tag
+
+    try:
+        for host, tag in items:
+            with torch.cuda.stream(stream):
+                moved = _moved(host, device, True)
+                done = torch.cuda.Event()
+                done.record(stream)
+            if pending is not None:
+                previous, pending = pending, None
+                yield hand_over(*previous)
+                del previous
+            pending = (host, moved, done, tag)
+            del host, moved
+        if pending is not None:
+            previous, pending = pending, None
+            yield hand_over(*previous)
+    finally:
+        if pending is not None:
+            pending[2].synchronize()  # stopped early: the copy in flight still reads the host batch
+
+
 def pack_sizes(samples: int, batch: int, pack: int, drop_last: bool) -> list[int]:
     """Batches per item of a reader with ``samples`` left: packs of ``pack`` whole batches, the whole
     batches left over as one item, then the short batch (unless dropped). Mirrors the dataset's
@@ -47,8 +113,10 @@ def pack_sizes(samples: int, batch: int, pack: int, drop_last: bool) -> list[int
 class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
     """A ``DataLoader`` over a ``SampleCacheDataset`` with ``state_dict()`` / ``load_state_dict()``."""
 
-    def __init__(self, dataset: SampleCacheDataset, *args: Any, transport: bool = True, **kwargs: Any) -> None:
-        """``transport``: move the batched path's batches through a reused shared-memory ring."""
+    def __init__(self, dataset: SampleCacheDataset, *args: Any, transport: bool = True, device: Any = None,
+                 **kwargs: Any) -> None:
+        """``transport``: move the batched path's batches through a reused shared-memory ring. ``device``: hand
+        batches out on this device (``"cuda"``: copied on a side stream, one batch ahead; module docstring)."""
         if kwargs.get("in_order") is False:
             raise ValueError("SampleCacheLoader needs in_order=True to know which worker made a batch")
         if args:
@@ -65,6 +133,9 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             kwargs["batch_size"], kwargs["drop_last"] = None, False
         super().__init__(dataset, **kwargs)
         self.transport = transport
+        self.device = None if device is None else torch.device(device)
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: CUDA is not available to this torch ({torch.__version__})")
         self._ring: Ring | None = None
         self._taken = self._items = self._in_item = 0  # batches, items (one or a pack of batches), in the item
         self._packed = False
@@ -96,6 +167,23 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         return self._ring.pack if self._ring is not None else 1
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        host = self._host_batches()
+        device = self.device
+        if device is None:
+            items: Iterator[tuple[Any, Any]] = host
+        elif device.type == "cuda":
+            items = cuda_ahead(host, device)
+        else:
+            items = ((_moved(b, device, False), at) for b, at in host)
+        try:
+            for batch, at in items:
+                self._taken, self._items, self._in_item = at  # the consumer's count, not the read-ahead's
+                yield batch
+        finally:
+            items.close()  # type: ignore[attr-defined]
+
+    def _host_batches(self) -> Iterator[tuple[Any, tuple[int, int, int]]]:
+        """(batch, (batches, items, batches of the item) handed out once it is)."""
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
         reader = ds.reader  # the caller's dataset and its batching copy share it (and a loaded resume state)
         resume = reader.pending
@@ -110,6 +198,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         self._taken = self._items = self._in_item = 0
         self._epoch = None
         self._base = [0] * self._workers()
+        taken = items = 0
         try:
             for item in it:
                 if self._epoch is None:
@@ -118,13 +207,10 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
                         self._base = list(resume.skip)
                 got = materialize(item)
                 batches = got if isinstance(got, Packed) else (got,)
-                self._in_item = 0
-                for batch in batches:
-                    self._in_item += 1
-                    self._taken += 1
-                    yield batch
-                self._items += 1
-                self._in_item = 0
+                for j, batch in enumerate(batches):
+                    taken += 1
+                    yield batch, (taken, items, j + 1)
+                items += 1
         finally:
             reader.pending = None
 

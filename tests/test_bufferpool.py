@@ -194,3 +194,55 @@ def test_buffer_pool_is_not_pickled(large: tuple[str, np.ndarray]) -> None:
         copy = pickle.loads(pickle.dumps(ds))
         assert copy.buffers() is not ds.buffers() and copy.buffers().kept() == 0
         copy.close()
+
+
+# ------------------------------------------------------------------------------------------- device=
+def test_loader_device_hands_out_batches_there_and_counts_what_the_consumer_took(
+        large: tuple[str, np.ndarray]) -> None:
+    """``device="cpu"`` (the generic path; the CUDA path, one batch ahead on a side stream, needs a GPU): the same
+    batches as without, and ``state_dict`` counts the batches handed out."""
+    url, xs = large
+    got: dict[str, list[list[int]]] = {}
+    states: dict[str, dict[str, Any]] = {}
+    for device in (None, "cpu"):
+        with SampleCacheDataset(url, ["id", "x"], batch_size=BATCH) as ds:
+            loader = SampleCacheLoader(ds, batch_size=None, num_workers=0, device=device)
+            ds.set_epoch(5)
+            ids = []
+            for i, b in enumerate(loader):
+                assert b["x"].device == torch.device("cpu")
+                _check(b, xs)
+                ids.append(b["id"].tolist())
+                if i == 4:
+                    states[str(device)] = {k: v for k, v in loader.state_dict().items() if k != "job"}
+            got[str(device)] = ids
+            loader.close()
+    assert got["None"] == got["cpu"] and len(got["cpu"]) == N // BATCH
+    assert states["None"] == states["cpu"] and states["cpu"]["batches"] == 5
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a host without CUDA")
+def test_loader_device_cuda_without_cuda_is_a_clear_error(large: tuple[str, np.ndarray]) -> None:
+    url, _ = large
+    with SampleCacheDataset(url, ["id", "x"], batch_size=BATCH) as ds:
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            SampleCacheLoader(ds, batch_size=None, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on the CI host)")
+def test_loader_device_cuda_values_and_held_batches(large: tuple[str, np.ndarray]) -> None:
+    """On a GPU host: CUDA batches equal the truth, pinned pool buffers, a held batch keeps its values."""
+    url, xs = large
+    with SampleCacheDataset(url, ["id", "x"], batch_size=BATCH) as ds:
+        loader = SampleCacheLoader(ds, batch_size=None, num_workers=0, device="cuda")
+        ds.set_epoch(6)
+        it = iter(loader)
+        held = next(it)
+        before = held["x"].clone()
+        ids = held["id"].tolist()
+        for b in it:
+            assert b["x"].is_cuda
+            np.testing.assert_array_equal(b["x"].cpu().numpy(), xs[b["id"].cpu().numpy()])
+            ids += b["id"].tolist()
+        assert torch.equal(held["x"], before) and sorted(ids) == list(range(N))
+        loader.close()
