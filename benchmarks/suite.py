@@ -496,6 +496,9 @@ def rows_json(rows: list[SuiteRow]) -> list[dict[str, Any]]:
     return out
 
 
+KEPT = "<!-- kept: sections below are written by other benchmarks (benchmarks/suite.py keeps them) -->"
+
+
 def write_markdown(path: Path, result: dict[str, Any], rows: list[SuiteRow], workers: list[int]) -> None:
     m, ds = result["machine"], result["datasets"]
     v = m.get("versions", {})
@@ -565,6 +568,9 @@ All rows:
 {markdown_table(rows)}
 """
     path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.read_text() if path.exists() else ""
+    at = old.find(KEPT)  # sections written by other benchmarks (tf_feed.py, feed.py) stay as they are
+    text += "\n" + (old[at:] if at >= 0 else KEPT + "\n")
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
