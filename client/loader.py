@@ -181,6 +181,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
                 yield batch
         finally:
             items.close()  # type: ignore[attr-defined]
+            host.close()  # type: ignore[attr-defined]  # its workers and lease go now, not when collected
 
     def _host_batches(self) -> Iterator[tuple[Any, tuple[int, int, int]]]:
         """(batch, (batches, items, batches of the item) handed out once it is)."""
