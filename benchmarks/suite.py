@@ -52,9 +52,11 @@ during the samplecache rows.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as _dt
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -617,8 +619,14 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    # peers' temporary files and locks (Streaming's file locks, LitData's) go under the workdir
+    # peers' temporary files and locks (Streaming's file locks, LitData's) go under the workdir, unless its path
+    # is too long for the unix sockets multiprocessing makes there (108 bytes: DataLoader workers pass tensors'
+    # file descriptors through one; past that they fail and the loader waits forever): then a short dir in the
+    # temp dir, removed at exit
     tmp = workdir / "tmp"
+    if len(str(tmp)) > 60:
+        tmp = Path(tempfile.mkdtemp(prefix="scbench-"))
+        atexit.register(shutil.rmtree, tmp, True)
     tmp.mkdir(parents=True, exist_ok=True)
     os.environ["TMPDIR"] = str(tmp)
     tempfile.tempdir = None
