@@ -68,10 +68,13 @@ def test_docs_render_every_operation_offline(daemon: Any, get: Callable[..., Any
 
 
 def test_docs_assets_are_package_data() -> None:
-    """A wheel install has the assets: pyproject.toml lists them as package data of samplecache.service."""
+    """A wheel install has the assets: pyproject.toml lists samplecache.service.swagger_ui as a (data-only)
+    package whose package data covers them."""
     pyproject = tomllib.loads((ASSETS.parent.parent / "pyproject.toml").read_text())
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["samplecache.service"]
+    tool = pyproject["tool"]["setuptools"]
+    assert "samplecache.service.swagger_ui" in tool["packages"], tool["packages"]
+    patterns = tool["package-data"]["samplecache.service.swagger_ui"]
     needed = {"swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png", "LICENSE", "NOTICE"}
-    covered = {n for n in needed for p in patterns if Path("swagger_ui", n).match(p)}
+    covered = {n for n in needed for p in patterns if Path(n).match(p)}
     assert covered == needed, (patterns, needed - covered)
     assert json.loads((ASSETS / "package.json").read_text())["name"] == "swagger-ui-dist"
