@@ -13,6 +13,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -147,6 +148,21 @@ def expected_rows(table: pa.Table) -> dict[int, dict[str, Any]]:
             cols[name] = [None if m else v for v, m in zip(vals, mask)]
     ids = table.column("id").to_numpy()
     return {int(ids[i]): {name: cols[name][i] for name in cols} for i in range(n)}
+
+
+@pytest.fixture
+def prefix(s3: S3Server, bucket: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh prefix of the bucket, named after the test module (test_e2e_types: e2e-types-<hex>), removed at
+    the end."""
+    name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
+    p = f"{bucket}/{name}-{uuid.uuid4().hex[:12]}"
+    try:
+        yield p
+    finally:
+        try:
+            s3.fs().rm(p, recursive=True)
+        except FileNotFoundError:
+            pass
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,8 @@ schema; a file that cannot fit it is quarantined with kind ``schema``; a schema 
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -21,19 +20,6 @@ pytestmark = pytest.mark.e2e
 # wider than every file: x is int64/int32/double in the files, t is missing or all-null in some, ts is ms in one
 PINNED = pa.schema([pa.field("id", pa.int64()), pa.field("x", pa.float64()), pa.field("t", pa.string()),
                     pa.field("ts", pa.timestamp("us", tz="UTC"))])
-
-
-@pytest.fixture
-def prefix(s3: Any, bucket: str) -> Iterator[str]:
-    """A fresh prefix of the bucket, removed at the end."""
-    p = f"{bucket}/e2e-schema-file-{uuid.uuid4().hex[:12]}"
-    try:
-        yield p
-    finally:
-        try:
-            s3.fs().rm(p, recursive=True)
-        except FileNotFoundError:
-            pass
 
 
 def drifted_files(n: int) -> dict[str, pa.Table]:

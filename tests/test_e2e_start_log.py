@@ -5,28 +5,14 @@ units it counted (issue 10's note: "1 files, 6 row groups" for a file of 10,000 
 from __future__ import annotations
 
 import re
-import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def prefix(s3: Any, bucket: str) -> Iterator[str]:
-    """A fresh prefix of the bucket, removed at the end."""
-    p = f"{bucket}/e2e-start-log-{uuid.uuid4().hex[:12]}"
-    try:
-        yield p
-    finally:
-        try:
-            s3.fs().rm(p, recursive=True)
-        except FileNotFoundError:
-            pass
 
 
 def test_the_planning_line_names_row_groups_and_units(daemon: Any, s3: Any, prefix: str, tmp_path: Path,

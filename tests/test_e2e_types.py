@@ -5,10 +5,9 @@ files under a unique prefix of the real S3 server and starts a real daemon subpr
 from __future__ import annotations
 
 import io
-import uuid
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -29,19 +28,6 @@ pytestmark = pytest.mark.e2e
 def keep(sample: Any) -> Any:
     """collate_fn that hands samples through untouched."""
     return sample
-
-
-@pytest.fixture
-def prefix(s3: Any, bucket: str) -> Iterator[str]:
-    """A fresh prefix of the bucket, removed at the end."""
-    p = f"{bucket}/e2e-types-{uuid.uuid4().hex[:12]}"
-    try:
-        yield p
-    finally:
-        try:
-            s3.fs().rm(p, recursive=True)
-        except FileNotFoundError:
-            pass
 
 
 def upload(s3: Any, local: Path, remote: str) -> None:
