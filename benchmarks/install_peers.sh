@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-.venv/bin/python}"
 torch_before="$("$py" -c 'import torch; print(torch.__version__)')"
-"$py" -m pip install -q -e ".[peers]"
+PYTHONWARNINGS="ignore:Editable installation" "$py" -m pip install -q -e ".[peers]"  # no setuptools box (see scripts/setup.sh)
 "$py" -m pip install -q --no-deps "mosaicml-streaming==0.13.0" "litdata==0.2.76"
 torch_after="$("$py" -c 'import torch; print(torch.__version__)')"
 if [ "$torch_before" != "$torch_after" ]; then
