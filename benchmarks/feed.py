@@ -28,7 +28,6 @@ MB/s over the reference's (memcpy for host rows, h2d-pinned for CUDA rows); the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -197,10 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                  "torch": torch.__version__, "cuda": torch.cuda.is_available()},
         "rows": [{**rj, "ratio_to_reference": x[i]} for i, rj in enumerate(rt.rows_json(rows))],
     }
-    if a.json is not None:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=2))
-    return 0 if all(r.verified for r in rows) else 1
+    return rt.finish(a.json, result, rows)
 
 
 if __name__ == "__main__":

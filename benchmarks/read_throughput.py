@@ -514,6 +514,14 @@ def sizes(a: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[int, int, 
     return n_small, n_large, passes
 
 
+def finish(path: Path | None, result: dict[str, Any], rows: list[Any]) -> int:
+    """Write ``result`` as JSON to ``path`` (if given); the exit code: 0 when every row was verified."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2))
+    return 0 if all(r.verified for r in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -577,10 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         "findings": findings,
         "rows": rows_json(rows),
     }
-    if a.json is not None:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=2))
-    return 0 if all(r.verified for r in rows) else 1
+    return finish(a.json, result, rows)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Parquet ground truth: sample count, sum of ``y`` and the checksum of ``x`` of ``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -204,10 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [{**rj, "ratio_samplecache_to_this": x[(rj["dataset"], rj["loader"])]}
                  for rj in rt.rows_json(rows)],
     }
-    if a.json is not None:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=2))
-    return 0 if all(r.verified for r in rows) else 1
+    return rt.finish(a.json, result, rows)
 
 
 if __name__ == "__main__":
