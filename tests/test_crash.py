@@ -527,7 +527,8 @@ def test_staging_leftovers_are_recovered_or_removed(daemon: Any, crash_dataset: 
                                                     tmp_path: Path) -> None:
     """Files planted in the staging dir of a stopped cache: a complete ``.shard`` of a new key is ingested (new
     id, its unit's rows readable by the client), a ``.shard`` whose key is catalogued is removed without a second
-    shard, a truncated ``.shard`` and a ``.tmp`` are removed."""
+    shard, a truncated ``.shard`` and a ``.tmp`` are removed, and one torn by a power cut (its tail zeros: staging
+    files are not fsynced) fails its checksum and is set aside, never ingested."""
     from samplecache.record import Schema
     from samplecache.service.encoder import encode_table
 
@@ -573,8 +574,13 @@ def test_staging_leftovers_are_recovered_or_removed(daemon: Any, crash_dataset: 
     (staging / ("c0-u999" + TMP_SUFFIX)).write_bytes(os.urandom(3000))
     good = (staging / (new_key + SUFFIX)).read_bytes()
     (staging / ("crash-test-truncated" + SUFFIX)).write_bytes(good[: len(good) // 2])
+    # torn by a power cut (staging files are not fsynced): the renamed file has its length, its data pages zeros
+    torn_key = "crash-test-torn"
+    torn = good.replace(new_key.encode(), torn_key.encode()[: len(new_key)].ljust(len(new_key), b"x"))
+    torn_key = torn_key[: len(new_key)].ljust(len(new_key), "x")
+    (staging / (torn_key + SUFFIX)).write_bytes(torn[: len(torn) // 2] + bytes(len(torn) - len(torn) // 2))
     planted = sorted(p.name for p in staging.iterdir())
-    assert len(planted) == 4, planted
+    assert len(planted) == 5, planted
 
     t_restart = time.time()
     d2 = daemon(crash_dataset.url, cache, extra=extra)
@@ -588,6 +594,7 @@ def test_staging_leftovers_are_recovered_or_removed(daemon: Any, crash_dataset: 
         assert now.shards[sid]["rows"] == ROW_GROUP and now.shards[sid]["blocks"] == len(blocks)
         assert now.keys[dup_key] == dup_id, "the already-ingested staging file made a second shard"
         assert "crash-test-truncated" not in now.keys
+        assert torn_key not in now.keys, "a torn staging file was ingested"
         for old_id, raw in before.shard_raw.items():
             assert now.shard_raw.get(old_id) == raw, f"shard {old_id} lost or changed"
 

@@ -1,4 +1,4 @@
-"""service/staging.py: staging files (tmp -> fsync -> rename), reading them back, recovery after a crash."""
+"""service/staging.py: staging files (tmp -> rename), reading them back, recovery after a crash."""
 
 from __future__ import annotations
 
