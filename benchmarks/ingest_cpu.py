@@ -1,0 +1,119 @@
+"""CPU time for benchmarks/ingest.py, two ways: the whole machine's (``/proc/stat``), and that of exactly the
+processes involved (a process tree's ``utime + stime`` from ``/proc/<pid>/stat``), which other work on a shared
+machine does not disturb.
+
+A tree's CPU time is the sum over its live processes of their own time plus the time of their children already
+reaped (``cutime + cstime``, counted in the parent that waited for them), so a sampler that exits between two
+snapshots is still counted once. Threads are included (``/proc/<pid>/stat`` covers every thread).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all cores, every process: the S3 server included)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / TICK
+
+
+def _stat(pid: int | str, task: str = "") -> list[str] | None:
+    """The fields of /proc/<pid>[/task/<tid>]/stat after the command name (field 3 is index 0)."""
+    try:
+        with open(f"/proc/{pid}{task}/stat") as f:
+            text = f.read()
+    except OSError:  # gone meanwhile
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(name)
+            if st is not None:
+                kids.setdefault(int(st[1]), []).append(int(name))
+    return kids
+
+
+def tree_pids(root: int) -> list[int]:
+    """``root`` and every live descendant."""
+    kids, out, todo = _children(), [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += kids.get(pid, [])
+    return out
+
+
+def tree_cpu_s(root: int) -> dict[str, float]:
+    """CPU seconds of ``root``'s tree: ``root`` (its own threads), its descendants (live ones and the ones
+    reaped), and the total."""
+    own = desc = 0.0
+    for pid in tree_pids(root):
+        st = _stat(pid)
+        if st is None:
+            continue
+        self_s = (int(st[11]) + int(st[12])) / TICK  # utime, stime
+        reaped = (int(st[13]) + int(st[14])) / TICK  # cutime, cstime
+        if pid == root:
+            own, desc = self_s, desc + reaped
+        else:
+            desc += self_s + reaped
+    return {"own": own, "descendants": desc, "total": own + desc}
+
+
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of ``pid`` (to see one thread, such as the LMDB writer, saturated)."""
+    out: dict[int, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        st = _stat(pid, f"/task/{tid}")
+        if st is not None:
+            out[int(tid)] = (int(st[11]) + int(st[12])) / TICK
+    return out
+
+
+def self_cpu_s() -> float:
+    """This process's own CPU seconds (a raw reader reports its own usage)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+@dataclass
+class Snapshot:
+    """The CPU clocks at one instant: the machine, the S3 server's tree, optionally the daemon's tree and its
+    main process's threads."""
+    machine: float
+    server: float
+    daemon: dict[str, float] | None = None
+    threads: dict[int, float] | None = None
+
+    @classmethod
+    def take(cls, server_pid: int, daemon_pid: int | None = None) -> "Snapshot":
+        d = tree_cpu_s(daemon_pid) if daemon_pid is not None else None
+        th = thread_cpu_s(daemon_pid) if daemon_pid is not None else None
+        return cls(machine_busy_s(), tree_cpu_s(server_pid)["total"], d, th)
+
+
+def spent(a: Snapshot, b: Snapshot) -> dict[str, float]:
+    """CPU seconds between two snapshots: machine, server, and (when taken) the daemon's main process, its
+    descendants (the samplers), and its busiest thread."""
+    out = {"machine": b.machine - a.machine, "server": b.server - a.server}
+    if a.daemon is not None and b.daemon is not None:
+        out["daemon_main"] = b.daemon["own"] - a.daemon["own"]
+        out["samplers"] = b.daemon["descendants"] - a.daemon["descendants"]
+        out["daemon_tree"] = out["daemon_main"] + out["samplers"]
+    if a.threads is not None and b.threads is not None:
+        out["busiest_thread"] = max((v - a.threads.get(t, 0.0) for t, v in b.threads.items()), default=0.0)
+    return out

@@ -1,0 +1,133 @@
+"""(b) The daemon: ``samplecache serve --source s3://... --samplers N`` on a fresh cache, timed from the process
+start until ``/v1/status`` reports every sample resident; the sealed epoch 0 read back from LMDB (count and sum
+of ``y``) as the verification.
+
+Start-up (process start -> ``/healthz``: imports, footer discovery, sampler spawn) is reported apart; rates and
+CPU are over the time after ``/healthz``. CPU both ways: the machine's busy time, and that of the S3 server's
+tree plus the daemon's tree (its main process, every thread, and every sampler, live or reaped) taken before the
+daemon stops. Read amplification: ``remote.bytes_read`` (samplers and footers) over the column-chunk bytes of
+every row group; the daemon's own ``remote.needed_bytes`` / ``remote.read_amplification`` where it has them."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from samplecache.launch import DaemonProcess
+
+from .harness import MB, Spec, all_shards, fetch_epoch, find_tool, http_json, lmdb_check, start_daemon, stop_daemon
+from .ingest_cpu import Snapshot, spent
+from .ingest_spy import summarize_raw_profile
+
+
+def _wait_all(d: DaemonProcess, spec: Spec, budget: float, t0: float, s3_pid: int) -> dict[str, Any]:
+    """Poll /v1/status until every sample is resident. The CPU clocks are read when the first shard is resident
+    (the samplers have imported their modules and connected) and at the end; the samplers' mean occupancy
+    (units in flight / processes: below 1 the daemon does not keep its samplers busy)."""
+    first, busy = None, []
+    while True:
+        st = http_json(d.url + "/v1/status")
+        now = time.monotonic() - t0
+        if st["quarantined"]:
+            raise RuntimeError(f"quarantined: {st['quarantined']}")
+        if first is None and st["samples"] > 0:
+            assert d.proc is not None
+            first = {"s": now, "samples": st["samples"], "snap": Snapshot.take(s3_pid, d.proc.pid)}
+        procs = st["sampler"]["processes"] or 1
+        busy.append(min(1.0, st["sampler"]["in_flight"] / procs))
+        if st["samples"] >= spec.samples:
+            return {"done_s": now, "first": first, "sampler_occupancy": sum(busy) / len(busy), "status": st}
+        if d.proc is not None and d.proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {d.proc.returncode}:\n{d.log_tail()}")
+        if now > budget:
+            raise TimeoutError(f"{spec.name}: {st['samples']} of {spec.samples} after {now:.0f}s "
+                               f"({st['last_error']})\n{d.log_tail()}")
+        time.sleep(0.05)
+
+
+def ingest_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers: int, spy: bool) -> dict[str, Any]:
+    cache = root / f"cache-{spec.name}-{samplers}"
+    if cache.exists():
+        shutil.rmtree(cache)
+    max_bytes = 3 * truth["row_group_bytes"] + (1 << 30)
+    res: dict[str, Any] = {"samplers": samplers}
+    spy_proc, prof = None, root / f"py-spy-{spec.name}.txt"
+    t0 = time.monotonic()
+    d = start_daemon(truth["url"] + "/", cache, samplers=samplers, max_bytes=max_bytes, env=s3.env(), ready=False,
+                     log_path=root / f"daemon-{spec.name}-{samplers}.log", log_level="info")
+    try:
+        d.wait_ready(timeout=300)
+        res["healthz_s"] = time.monotonic() - t0
+        assert d.proc is not None
+        snap0 = Snapshot.take(s3.pid, d.proc.pid)
+        if spy and find_tool("py-spy"):
+            spy_proc = subprocess.Popen([str(find_tool("py-spy")), "record", "--pid", str(d.proc.pid), "--subprocesses",
+                                         "-r", "97", "-f", "raw", "-o", str(prof), "--nonblocking"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        waited = _wait_all(d, spec, 300 + truth["row_group_bytes"] / 2e6, t0, s3.pid)  # >= 2 MB/s
+        snap2 = Snapshot.take(s3.pid, d.proc.pid)
+        st, first = waited.pop("status"), waited.pop("first")
+        res.update(waited, first_shard_s=first["s"])
+        if spy_proc is not None:
+            spy_proc.send_signal(signal.SIGINT)
+            try:
+                spy_proc.wait(60)
+            except subprocess.TimeoutExpired:
+                spy_proc.kill()
+            if prof.exists():
+                res["py_spy"] = summarize_raw_profile(prof)
+            spy_proc = None
+        res["status"] = {k: st[k] for k in ("samples", "shards", "bytes", "ingest", "lmdb", "remote", "sampler")}
+        res["remote_errors"] = st["remote_errors"]
+        created = sorted(s["created"] for s in all_shards(d))
+        manifest = fetch_epoch(d, 0)
+    finally:
+        if spy_proc is not None:
+            spy_proc.kill()
+        stop_daemon(d)
+    n, ysum = lmdb_check(manifest, release=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    res["verified"] = n == truth["samples"] and ysum == truth["y_sum"] and manifest["samples"] == truth["samples"]
+    res["check"] = {"samples": n, "y_sum": ysum, "expected_samples": truth["samples"], "expected_y_sum": truth["y_sum"]}
+    ingest_s = res["done_s"] - res["healthz_s"]
+    mb = truth["row_group_bytes"] / MB
+    res.update(ingest_s=ingest_s, mb=mb, mb_per_s=mb / ingest_s, mb_per_s_total=mb / res["done_s"],
+               lmdb_mb_per_s=st["bytes"] / MB / ingest_s, shards=len(created))
+    res["after_healthz"] = cpu_window(spent(snap0, snap2), mb, ingest_s)
+    left = spec.samples - first["samples"]  # the rows are the same size: bytes in proportion to the samples
+    steady = left > 0 and res["done_s"] - first["s"] > 0
+    res["steady"] = cpu_window(spent(first["snap"], snap2), mb * left / spec.samples, res["done_s"] - first["s"]) \
+        if steady else None
+    res["cpu"] = res["steady"] or res["after_healthz"]  # the samplers' start-up left out when it can be
+    res["cpu"]["window"] = "steady" if steady else "after_healthz"
+    for k in ("cpu_ms_per_mb", "cores_busy", "proc_cpu_ms_per_mb", "proc_cores_busy", "cores", "cpu_s"):
+        res[k] = res["cpu"][k]
+    if len(created) > 2:  # n-1 shards' worth of bytes arrived over the span between the first and last commit
+        span = created[-1] - created[0]
+        res["steady_mb_per_s"] = truth["row_group_bytes"] * (len(created) - 1) / len(created) / MB / span
+    res["amplification"] = amplification(st["remote"], truth)
+    return res
+
+
+def cpu_window(used: dict[str, float], mb: float, seconds: float) -> dict[str, Any]:
+    """CPU per MB and cores busy over one window of the ingest (``mb`` ingested in ``seconds``)."""
+    procs = used["server"] + used["daemon_tree"]
+    return {"mb": mb, "seconds": seconds, "mb_per_s": mb / seconds, "cpu_s": used,
+            "cpu_ms_per_mb": 1000 * used["machine"] / mb, "cores_busy": used["machine"] / seconds,
+            "proc_cpu_ms_per_mb": 1000 * procs / mb, "proc_cores_busy": procs / seconds,
+            "cores": {k: v / seconds for k, v in used.items()}}
+
+
+def amplification(remote: dict[str, Any], truth: dict[str, Any]) -> dict[str, Any]:
+    """Bytes fetched from the remote (units and footers) per byte of column chunks the units needed: computed
+    here from the truth, and the daemon's own figure where its status has one."""
+    got = int(remote["bytes_read"])
+    out = {"bytes_read": got, "needed_bytes": truth["needed_bytes"], "footer_bytes": truth["footer_bytes"],
+           "ratio": got / truth["needed_bytes"], "daemon_needed_bytes": remote.get("needed_bytes"),
+           "daemon_ratio": remote.get("read_amplification")}
+    out["target_ok"] = out["ratio"] <= 1.1
+    return out

@@ -1,0 +1,128 @@
+"""The text report of benchmarks/ingest.py: rates, CPU per MB both ways against the raw read (target <= 1.5x),
+read amplification (target <= 1.1x), scaling, and where a sampler's time goes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .harness import MB
+
+CPU_TARGET, AMP_TARGET = 1.5, 1.1
+
+
+def fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def mark(ok: bool) -> str:
+    return "pass" if ok else "FAIL"
+
+
+def rates(results: dict[str, Any], samplers: int) -> list[str]:
+    lines = [f"ingest: S3 (SeaweedFS on loopback) -> LMDB, {samplers} samplers vs {samplers} raw s3fs readers; "
+             f"MB = 1e6 B of Parquet row groups", "",
+             f"{'dataset':<7} {'rows':>9} {'MB':>7} {'raw MB/s':>9} {'start s':>8} {'1st s':>6} {'ingest s':>9} "
+             f"{'MB/s':>7} {'x raw':>6} {'steady':>7} {'LMDB MB/s':>10}  verified"]
+    for name, r in results.items():
+        i = r["ingest"]
+        lines.append(f"{name:<7} {r['truth']['samples']:>9,} {r['truth']['row_group_bytes'] / MB:>7,.0f} "
+                     f"{r['raw_mb_per_s']:>9,.0f} {i['healthz_s']:>8.1f} {fmt(i['first_shard_s'], '.1f'):>6} "
+                     f"{i['ingest_s']:>9.1f} {i['mb_per_s']:>7,.0f} {r['ratio']:>6.2f} "
+                     f"{fmt(i.get('steady_mb_per_s'), ',.0f'):>7} {i['lmdb_mb_per_s']:>10,.0f}  "
+                     f"{'yes' if r['verified'] else 'NO'}")
+    return lines + ["'start s' = process start -> /healthz (excluded from MB/s); '1st s' = process start -> first shard "
+                    "resident; 'steady' = over the span of the shards' commit stamps", ""]
+
+
+def cpu(results: dict[str, Any]) -> list[str]:
+    lines = [f"CPU ms per MB, target: ingest <= {CPU_TARGET}x the raw read's",
+             f"{'dataset':<7} {'measure':<10} {'raw':>7} {'ingest':>7} {'ratio':>6}  target  {'incl. start':>11}  "
+             f"{'raw: server + readers':>22}  {'ingest: server + daemon + samplers':>35}"]
+    for name, r in results.items():
+        for way in ("processes", "machine"):
+            c = r["cpu"][way]
+            parts = ""
+            if way == "processes":
+                parts = (f"{c['raw_server']:>10.2f} + {c['raw_readers']:<9.2f}  "
+                         f"{c['ingest_server']:>13.2f} + {c['ingest_daemon']:.2f} + {c['ingest_samplers']:.2f}")
+            start = r["cpu"]["after_healthz"][f"{way}_ms_per_mb"]
+            lines.append(f"{name:<7} {way:<10} {c['raw_ms_per_mb']:>7.2f} {c['ingest_ms_per_mb']:>7.2f} "
+                         f"{c['ratio']:>6.2f}  {mark(c['target_ok']):<6}  {start:>11.2f}  {parts}")
+    windows = {r["cpu"]["window"] for r in results.values()}
+    return lines + ["processes = utime+stime of the S3 server's tree and the raw readers (over their reads), or of "
+                    "the S3 server's tree and the daemon's tree (main process + samplers, reaped ones included); "
+                    "machine = /proc/stat busy time of every core (other work on the machine included). The ingest "
+                    "is measured from the first shard resident to the last (the samplers' imports and first "
+                    "connection left out, as the raw readers' are)" + ("" if windows == {"steady"} else
+                    " where there was more than one shard, else from /healthz") + "; 'incl. start' = from /healthz, "
+                    "the samplers' start-up included", ""]
+
+
+def amplification(results: dict[str, Any]) -> list[str]:
+    lines = [f"read amplification: bytes fetched from S3 (units + footers) per byte of column chunks needed; "
+             f"target <= {AMP_TARGET}x",
+             f"{'dataset':<7} {'fetched MB':>11} {'needed MB':>10} {'footers MB':>11} {'ratio':>6}  target  daemon's own"]
+    for name, r in results.items():
+        a = r["ingest"]["amplification"]
+        own = "not reported" if a["daemon_ratio"] is None else f"{a['daemon_ratio']:.3f} (needed {a['daemon_needed_bytes'] / MB:,.1f} MB)"
+        lines.append(f"{name:<7} {a['bytes_read'] / MB:>11,.1f} {a['needed_bytes'] / MB:>10,.1f} "
+                     f"{a['footer_bytes'] / MB:>11,.2f} {a['ratio']:>6.3f}  {mark(a['target_ok']):<6}  {own}")
+    return lines + [""]
+
+
+def scaling(results: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for name, r in results.items():
+        sc = r.get("scaling")
+        if not sc:
+            continue
+        lines += [f"{name}: scaling (the daemon on a fresh cache per count; raw = as many s3fs readers)",
+                  f"{'samplers':>8} {'raw MB/s':>9} {'raw ms/MB':>10} {'MB/s':>7} {'x raw':>6} {'ms/MB':>7} "
+                  f"{'machine':>8} {'cores':>6} {'server':>7} {'daemon':>7} {'thread':>7} {'samplers':>9} "
+                  f"{'occupied':>9}  verified"]
+        for w in sc["rows"]:
+            over = " (oversubscribed)" if w["oversubscribed"] else ""
+            lines.append(f"{w['samplers']:>8} {w['raw_mb_per_s']:>9,.0f} {w['raw_proc_cpu_ms_per_mb']:>10.2f} "
+                         f"{w['mb_per_s']:>7,.0f} {w['x_raw']:>6.2f} {w['proc_cpu_ms_per_mb']:>7.2f} "
+                         f"{w['cpu_ms_per_mb']:>8.2f} {w['cores_busy']:>6.2f} {w['server_cores']:>7.2f} "
+                         f"{w['daemon_main_cores']:>7.2f} {w['busiest_thread_cores']:>7.2f} {w['samplers_cores']:>9.2f} "
+                         f"{100 * w['sampler_occupancy']:>8.0f}%  {'yes' if w['verified'] else 'NO'}{over}")
+        lines += [f"  {sc['verdict']}",
+                  "  MB/s, ms/MB and cores over the ingest's steady window (first shard -> last); ms/MB = processes' CPU, machine = /proc/stat; cores = machine cores busy; server, daemon (main "
+                  "process), thread (its busiest), samplers = cores each kept busy; occupied = units in flight / "
+                  "samplers", ""]
+    return lines
+
+
+def stages(results: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for name, r in results.items():
+        st = r["stages"]
+        if "error" in st:
+            lines += [f"{name}: stage profile not taken: {st['error']}", ""]
+            continue
+        lines.append(f"{name}: where a sampler's time goes (this process, {st['units']} units, "
+                     f"{st['mb_per_s_one_process']:.0f} MB/s end to end, ingest included)")
+        for k, v in st["stages"].items():
+            lines.append(f"  {k:<16} {v['seconds']:>7.2f} s {100 * v['share']:>5.1f} %   "
+                         f"{fmt(v['mb_per_s'], ',.0f'):>7} MB/s alone")
+        var = r.get("variants")
+        if var and "error" in var:
+            lines.append(f"  read variants not taken: {var['error']}")
+        elif var:
+            lines.append(f"  read step alone, variants ({var['units']} units, best of 2):")
+            lines += [f"    {row['variant']:<40} {row['mb_per_s']:>7,.0f} MB/s" for row in var["rows"]]
+        if "py_spy" in r["ingest"]:
+            ps = r["ingest"]["py_spy"]
+            lines.append(f"  py-spy during the ingest: {ps['samples']} busy samples, {ps['by_process']}; "
+                         f"top self time (% of all busy samples):")
+            for kind in ("sampler", "daemon"):
+                for frame, c in ps["self"][kind][:8]:
+                    lines.append(f"    {kind:<7} {100 * c / max(1, ps['samples']):5.1f} %  {frame[:100]}")
+        lines.append("")
+    return lines
+
+
+def report(results: dict[str, Any], samplers: int) -> str:
+    return "\n".join(rates(results, samplers) + cpu(results) + amplification(results) + scaling(results)
+                     + stages(results))

@@ -1,0 +1,100 @@
+"""benchmarks/ingest.py: its process CPU accounting, its scaling verdict, and a --quick run end to end (a real S3
+server, the real daemon at 1 and 2 samplers, the epoch read back from LMDB); the JSON holds CPU per MB both ways
+with the ratio to the raw read, the read amplification and the scaling rows. No timing thresholds."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.ingest_cpu import Snapshot, spent, tree_cpu_s
+from benchmarks.ingest_scaling import verdict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _burn(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_tree_cpu_counts_children_live_and_reaped() -> None:
+    """A child's CPU time is in its parent's tree while it runs and after it was reaped (cutime), once."""
+    ctx = mp.get_context("spawn")
+    before = tree_cpu_s(os.getpid())
+    child = ctx.Process(target=_burn, args=(0.6,))
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+    after = tree_cpu_s(os.getpid())
+    burnt = after["descendants"] - before["descendants"]
+    assert 0.5 <= burnt < 0.6 + 1.5, (before, after)  # its 0.6 s, plus its interpreter's start-up, not twice
+    assert after["total"] == pytest.approx(after["own"] + after["descendants"])
+
+
+def test_spent_splits_daemon_main_and_samplers() -> None:
+    a = Snapshot(machine=10.0, server=1.0, daemon={"own": 2.0, "descendants": 3.0, "total": 5.0}, threads={1: 1.0, 2: 0.5})
+    b = Snapshot(machine=14.0, server=1.5, daemon={"own": 2.5, "descendants": 5.0, "total": 7.5}, threads={1: 1.1, 2: 0.9, 3: 0.2})
+    got = spent(a, b)
+    assert got["machine"] == 4.0 and got["server"] == 0.5
+    assert got["daemon_main"] == 0.5 and got["samplers"] == 2.0 and got["daemon_tree"] == 2.5
+    assert got["busiest_thread"] == pytest.approx(0.4)
+
+
+def _row(n: int, mb: float, raw: float, cores: float = 1.0, daemon: float = 0.2, thread: float = 0.1) -> dict[str, float]:
+    return {"samplers": n, "mb_per_s": mb, "raw_mb_per_s": raw, "cores_busy": cores, "server_cores": 0.3,
+            "samplers_cores": 0.5, "daemon_main_cores": daemon, "busiest_thread_cores": thread,
+            "sampler_occupancy": 0.95}
+
+
+def test_scaling_verdict_names_the_limit() -> None:
+    assert verdict([_row(1, 100, 200), _row(2, 190, 390)], cores=16).startswith("scales through 2")
+    assert "cores saturated" in verdict([_row(1, 100, 200), _row(2, 110, 390, cores=1.9)], cores=2)
+    assert "daemon-bound (writer)" in verdict([_row(1, 100, 200), _row(2, 110, 390, daemon=0.95)], cores=16)
+    assert "server-bound" in verdict([_row(1, 100, 200), _row(2, 110, 210)], cores=16)
+
+
+@pytest.mark.e2e
+def test_ingest_quick(tmp_path: Path) -> None:
+    out = tmp_path / "ingest.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ingest", "--quick", "--scaling", "1,2", "--oversubscribe",
+         "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert out.exists(), report
+    result = json.loads(out.read_text())
+    assert result["missing"] == {} and set(result["datasets"]) == {"large", "small"}, report
+    for name, r in result["datasets"].items():
+        ing = r["ingest"]
+        assert r["verified"] and ing["verified"], f"{name}: {ing['check']}\n{report}"
+        assert ing["check"]["samples"] == r["truth"]["samples"] == ing["status"]["samples"], report
+        assert ing["remote_errors"] == 0, report
+        for way in ("processes", "machine"):
+            c = r["cpu"][way]
+            assert c["raw_ms_per_mb"] > 0 and c["ingest_ms_per_mb"] > 0, report
+            assert c["ratio"] == pytest.approx(c["ingest_ms_per_mb"] / c["raw_ms_per_mb"]), report
+            assert c["target_ok"] == (c["ratio"] <= 1.5), report
+        p = r["cpu"]["processes"]
+        assert p["raw_server"] > 0 and p["raw_readers"] > 0 and p["ingest_samplers"] > 0, report
+        amp = ing["amplification"]
+        assert amp["needed_bytes"] == r["truth"]["row_group_bytes"] > 0, report
+        assert amp["bytes_read"] >= amp["needed_bytes"], report  # nothing is cached without being fetched
+        assert amp["ratio"] == pytest.approx(amp["bytes_read"] / amp["needed_bytes"]), report
+        assert amp["target_ok"] == (amp["ratio"] <= 1.1), report
+        rows = r["scaling"]["rows"]
+        assert [w["samplers"] for w in rows] == [1, 2] and all(w["verified"] for w in rows), report
+        assert all(w["mb_per_s"] > 0 and w["raw_mb_per_s"] > 0 and w["cores_busy"] > 0 for w in rows), report
+        assert r["scaling"]["verdict"], report
+        assert r["stages"]["units"] >= 1 and r["stages"]["total_s"] > 0, f"{r['stages']}\n{report}"
+    for text in ("CPU ms per MB", "read amplification", "scaling", "where a sampler's time goes"):
+        assert text in proc.stdout, report
+    assert result["verified"] and proc.returncode == 0, report
