@@ -156,6 +156,14 @@ class Schema:
         raise KeyError(f"no column {name!r}; columns are {self.names}")
 
 
+def __getattr__(name: str) -> Any:
+    """The encoder (``ColumnData``, ``encode_block``, ``encode_pieces``) lives in ``samplecache.blockenc``."""
+    if name in ("ColumnData", "encode_block", "encode_pieces"):
+        from samplecache import blockenc
+        return getattr(blockenc, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # --- keys ------------------------------------------------------------------------
 
 def record_key(shard_id: int, block: int) -> bytes:
@@ -169,68 +177,6 @@ def shard_prefix(shard_id: int) -> bytes:
 
 def parse_key(key: bytes) -> tuple[int, int]:
     return int.from_bytes(key[:8], "big"), int.from_bytes(key[8:12], "big")
-
-
-# --- encoding ----------------------------------------------------------------------
-
-@dataclass
-class ColumnData:
-    """Encoder input for one column of one block (numpy arrays, no Python objects)."""
-
-    data: np.ndarray                      # fixed: (nrows, *shape); others: flat values / uint8 bytes
-    offsets: np.ndarray | None = None     # list/string/binary: int64, nrows + 1
-    shapes: np.ndarray | None = None      # list: int32 (nrows, ndim)
-    valid: np.ndarray | None = None       # optional bool/uint8 (nrows,)
-    tree: list[np.ndarray | None] | None = None  # the nested layout: every buffer of the type tree, depth first
-
-
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def encode_block(schema: Schema, columns: Sequence[ColumnData], nrows: int) -> bytearray:
-    """Encode one block; ``columns`` follows ``schema.columns`` order."""
-    if len(columns) != len(schema.columns):
-        raise FormatError(f"block has {len(columns)} columns, schema has {len(schema.columns)}")
-    parts: list[tuple[int, np.ndarray]] = []
-    table: list[tuple[int, ...]] = []
-    pos = _aligned(_HEADER.size + _ENTRY.size * len(columns))
-
-    def place(arr: np.ndarray | None) -> tuple[int, int]:
-        nonlocal pos
-        if arr is None:
-            return 0, 0
-        raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-        off = pos
-        parts.append((off, raw))
-        pos = _aligned(pos + raw.nbytes)
-        return off, raw.nbytes
-
-    for col, cd in zip(schema.columns, columns):
-        if cd.tree is not None:
-            if len(cd.tree) != nested.slots(col.type_node()):
-                raise FormatError(f"column {col.name!r}: {len(cd.tree)} buffers for a type of "
-                                  f"{nested.slots(col.type_node())}")
-            where = np.array([place(b) for b in cd.tree], dtype="<u8").reshape(-1)
-            aux_off, aux_len = place(where)
-            table.append((NESTED, 0, 0, aux_off, aux_len, 0, int(where[0]) if len(where) else 0))
-            continue
-        data_off, data_len = place(cd.data)
-        aux_off, aux_len = place(None if cd.offsets is None else cd.offsets.astype("<i8", copy=False))
-        shape_off, _ = place(None if cd.shapes is None else cd.shapes.astype("<i4", copy=False))
-        valid_off, _ = place(None if cd.valid is None else cd.valid.astype(np.uint8, copy=False))
-        table.append((DENSE, data_off, data_len, aux_off, aux_len, shape_off, valid_off))
-
-    out = bytearray(pos)
-    _HEADER.pack_into(out, 0, MAGIC, len(columns), 0, nrows, 0, 0)
-    for i, entry in enumerate(table):
-        _ENTRY.pack_into(out, _HEADER.size + i * _ENTRY.size, *entry)
-    view = memoryview(out)
-    for off, raw in parts:
-        view[off:off + raw.nbytes] = raw.data
-    view.release()
-    struct.pack_into("<Q", out, _SUM_AT, block_checksum(out))
-    return out
 
 
 # --- checksums -------------------------------------------------------------------------------

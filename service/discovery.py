@@ -104,7 +104,7 @@ class Discovery:
             info, schema = self.remote.file_info(path)
             units = plan_units(info.row_groups, info.row_group_bytes, self.unit_bytes)
             return path, {"row_groups": list(info.row_groups), "row_group_bytes": list(info.row_group_bytes),
-                          "units": units, "size": info.size}, schema
+                          "units": units, "size": info.size, "footer": info.footer}, schema
         except Exception as e:
             kind = classify_error(e)
             if kind == "unreachable":

@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from samplecache.record import Column, ColumnData, Schema, encode_block
+from samplecache.blockenc import ColumnData, encode_pieces
+from samplecache.record import Column, Schema
 
 DEFAULT_BLOCK_BYTES = 1 << 20
 
@@ -148,7 +149,7 @@ class _Irregular(Exception):
 def _plain(arr: Any) -> pa.Array:
     """One Arrow array in its plain storage form (chunks combined, dictionaries decoded, views cast)."""
     if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
+        arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()  # one chunk: no copy
     while True:
         t = arr.type
         if pa.types.is_dictionary(t):
@@ -305,6 +306,14 @@ def column_data(arr: Any, col: Column) -> ColumnData:
 
 def encode_table(table: pa.Table, schema: Schema, block_bytes: int = DEFAULT_BLOCK_BYTES) -> tuple[list[bytearray], int]:
     """Encode a table into blocks of about ``block_bytes``; returns (blocks, rows_per_block)."""
+    pieces, rows_per_block = encode_table_pieces(table, schema, block_bytes)
+    return [bytearray().join(p) for p in pieces], rows_per_block
+
+
+def encode_table_pieces(table: pa.Table, schema: Schema,
+                        block_bytes: int = DEFAULT_BLOCK_BYTES) -> tuple[list[list[memoryview]], int]:
+    """``encode_table`` with every block as its pieces (``blockenc.encode_pieces``): views of ``table``'s buffers
+    wherever the layout allows, so a sampler writes its staging file with no copy of the payload in between."""
     n = table.num_rows
     if n == 0:
         return [], 1
@@ -313,8 +322,8 @@ def encode_table(table: pa.Table, schema: Schema, block_bytes: int = DEFAULT_BLO
     return list(_blocks(table, schema, rows_per_block)), rows_per_block
 
 
-def _blocks(table: pa.Table, schema: Schema, rows_per_block: int) -> Iterator[bytearray]:
+def _blocks(table: pa.Table, schema: Schema, rows_per_block: int) -> Iterator[list[memoryview]]:
     for start in range(0, table.num_rows, rows_per_block):
         part = table.slice(start, rows_per_block)
         cols = [column_data(part.column(c.name), c) for c in schema.columns]
-        yield encode_block(schema, cols, part.num_rows)
+        yield encode_pieces(schema, cols, part.num_rows)

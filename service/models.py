@@ -73,6 +73,11 @@ class IngestStatus(BaseModel):
 class RemoteStatus(BaseModel):
     bytes_read: int = Field(description="Bytes fetched from the remote since the daemon started")
     bytes_since_last_epoch: int = Field(description="Bytes fetched since the last epoch was sealed")
+    sampler_bytes: int = Field(0, description="Bytes the samplers fetched (column chunks and footers; discovery's "
+                                              "footer reads not included)")
+    needed_bytes: int = Field(0, description="Bytes of the column chunks the units sampled so far needed")
+    read_amplification: float | None = Field(None, description="sampler_bytes / needed_bytes: what the samplers "
+                                                               "fetched per byte they needed (null before a unit)")
 
 
 class PacingStatus(BaseModel):

@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow as pa
 
 from samplecache.record import Schema
-from samplecache.service.encoder import encode_table
-from samplecache.service.remote import FsspecRemote, classify_error
+from samplecache.service.encoder import encode_table_pieces
+from samplecache.service.remote import FsspecRemote, chunk_bytes, classify_error
 from samplecache.service.schemas import SchemaConflict, conform, from_text
-from samplecache.service.staging import write_staged
+from samplecache.service.staging import block_length, write_staged
 
 _REMOTES: dict[tuple[str, str], FsspecRemote] = {}
 _SCHEMAS: dict[str, pa.Schema] = {}
@@ -38,6 +38,8 @@ class SampleTask:
     row_groups: int = 1            # consecutive row groups from ``row_group``
     part_bytes: int = 64 << 20     # target decoded bytes of one shard
     arrow_schema: str | None = None  # the dataset's unified Arrow schema (schemas.to_text)
+    file_size: int = 0             # the file's size and its footer's length, from discovery (0: not known):
+    footer_bytes: int = 0          # the footer is then read in one exact ranged read, with no HEAD request
 
 
 @dataclass
@@ -51,6 +53,7 @@ class SampleResult:
     error_kind: str | None = None  # 'unreachable' | 'transient' | 'corrupt'
     error: str | None = None
     remote_bytes: int = 0          # bytes fetched from the remote store for this task
+    needed_bytes: int = 0          # bytes of the column chunks the unit needs (remote_bytes / this: read amplification)
     extra: dict[str, Any] = field(default_factory=dict)
     parts: list[tuple[str, int]] = field(default_factory=list)  # (staging file, bytes) of every shard, in order
 
@@ -81,12 +84,13 @@ def run_task(task: SampleTask) -> SampleResult:
         before = remote.bytes_read
         schema = Schema.from_json(task.schema)
         target = _target(task.arrow_schema, schema.names)
-        md = remote.footer(task.path)
+        md = remote.footer(task.path, task.file_size, task.footer_bytes)
         first_row = sum(md.row_group(g).num_rows for g in range(task.row_group))
         parts: list[tuple[str, int]] = []
         rows = 0
         pending = None
-        for table in remote.read_unit(task.path, task.row_group, task.row_groups, schema.names, task.part_bytes):
+        for table in remote.read_unit(task.path, task.row_group, task.row_groups, schema.names, task.part_bytes,
+                                      task.file_size, task.footer_bytes):
             if pending is not None:
                 parts.append(_stage(task, pending, schema, first_row + rows - pending.num_rows, len(parts), False))
             if target is not None:
@@ -101,7 +105,9 @@ def run_task(task: SampleTask) -> SampleResult:
             parts.append(_stage(task, pending, schema, first_row + rows - pending.num_rows, len(parts), True))
         return SampleResult(task=task, ok=True, staged=parts[-1][0] if parts else None, rows=rows,
                             bytes=sum(b for _, b in parts), seconds=time.perf_counter() - t0,
-                            remote_bytes=remote.bytes_read - before, parts=parts)
+                            remote_bytes=remote.bytes_read - before, parts=parts,
+                            needed_bytes=chunk_bytes(md, range(task.row_group, task.row_group + task.row_groups),
+                                                     schema.names))
     except Exception as e:  # every failure is a value; the supervisor decides what to do
         for staged, _ in locals().get("parts", []):
             Path(staged).unlink(missing_ok=True)  # the unit is sampled again whole: no part of it stays staged
@@ -113,10 +119,10 @@ def run_task(task: SampleTask) -> SampleResult:
 def _stage(task: SampleTask, table: pa.Table, schema: Schema, first_row: int, part: int,
            final: bool) -> tuple[str, int]:
     """One part of the unit as a staging file (one shard): its provenance in the header."""
-    blocks, rows_per_block = encode_table(table, schema, task.block_bytes)
+    blocks, rows_per_block = encode_table_pieces(table, schema, task.block_bytes)  # views of the table: no copy
     key = task.key if part == 0 and final else f"{task.key}-p{part}"
     header = {"key": key, "path": task.path, "row_group": task.row_group, "row_groups": task.row_groups,
               "first_row": first_row, "part": part, "final": final, "unit": task.unit, "cycle": task.cycle,
               "rows": table.num_rows, "rows_per_block": rows_per_block}
     staged = write_staged(Path(task.staging_dir), key, header, blocks)
-    return str(staged), sum(len(b) for b in blocks)
+    return str(staged), sum(block_length(b) for b in blocks)

@@ -196,12 +196,12 @@ class Scheduler:
     def _paced_submit(self, pick: Pick) -> bool:
         """Send ``pick`` to a sampler if the pace allows it (else say why in ``paused_reason``)."""
         d = self.d
-        sizes = d.catalog.file(pick.unit.path).get("row_group_bytes") or []
+        info = d.catalog.file(pick.unit.path)
+        sizes = info.get("row_group_bytes") or []
         size = int(sizes[pick.unit.row_group]) if pick.unit.row_group < len(sizes) else 0
         committed = d.catalog.resident_bytes + self._ingesting + d.traffic.out_bytes() + \
             sum(r.bytes for r in list(self._held))
-        # the unit's identity in the key: after a cursor reset (another node count, a re-planned file) the same
-        # cycle and position may name another unit, whose shard must not pass for a duplicate of this one
+        # the unit's identity in the key: after a cursor reset the same cycle and position may name another unit
         ident = zlib.crc32(f"{pick.unit.path}\0{pick.unit.row_group}".encode())
         key = f"c{pick.cycle}-u{pick.position}-{ident:08x}"
         self.paused_reason = d.traffic.admit(key, size, committed, d.max_bytes)
@@ -213,7 +213,8 @@ class Scheduler:
             path=pick.unit.path, row_group=pick.unit.row_group, schema=d.schema.to_json(),
             staging_dir=str(self.settings.staging_dir), block_bytes=int(self.settings.block_bytes),
             unit=pick.position, cycle=pick.cycle, row_groups=pick.unit.row_groups,
-            part_bytes=self.settings.part_bytes, arrow_schema=d.discovery.target_text() if d.discovery else None))
+            part_bytes=self.settings.part_bytes, arrow_schema=d.discovery.target_text() if d.discovery else None,
+            file_size=int(info.get("size") or 0), footer_bytes=int(info.get("footer") or 0)))
         return True
 
     def _finish(self, pick: Pick) -> None:
@@ -223,7 +224,6 @@ class Scheduler:
         self.planner.done(pick.cycle, pick.position)
         self.d.writer.put_meta({"cursor": cursor})
 
-    # -- retries with backoff ---------------------------------------------------------------------------
     def _defer(self, pick: Pick, unit_key: tuple[str, int], first: float | None = None) -> float:
         """Try ``pick`` again after an exponential backoff with jitter; returns the delay."""
         n = self._attempts[unit_key]

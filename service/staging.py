@@ -54,9 +54,17 @@ class StagedShard:
             self._mm = None
 
 
-def write_staged(directory: Path, name: str, header: dict[str, Any], blocks: Sequence[bytes | bytearray]) -> Path:
-    """Write one shard atomically; returns the final ``.shard`` path."""
-    header = dict(header, block_lengths=[len(b) for b in blocks])
+Block = bytes | bytearray | memoryview | Sequence[memoryview]  # a block, or its pieces (blockenc.encode_pieces)
+
+
+def block_length(block: Block) -> int:
+    return len(block) if isinstance(block, (bytes, bytearray, memoryview)) else sum(len(p) for p in block)
+
+
+def write_staged(directory: Path, name: str, header: dict[str, Any], blocks: Sequence[Block]) -> Path:
+    """Write one shard atomically; returns the final ``.shard`` path. A block may come as its pieces: they are
+    written one after the other, never joined in memory."""
+    header = dict(header, block_lengths=[block_length(b) for b in blocks])
     raw = json.dumps(header, separators=(",", ":")).encode()
     tmp = directory / (name + TMP_SUFFIX)
     final = directory / (name + SUFFIX)
@@ -73,7 +81,8 @@ def write_staged(directory: Path, name: str, header: dict[str, Any], blocks: Seq
         with os.fdopen(fd, "wb") as f:
             f.write(MAGIC + _LEN.pack(len(raw)) + raw)
             for b in blocks:
-                f.write(b)
+                for piece in ((b,) if isinstance(b, (bytes, bytearray, memoryview)) else b):
+                    f.write(piece)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk must not keep the half-written file's space
         raise

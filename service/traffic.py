@@ -15,6 +15,7 @@ class Traffic:
         self.pacer = pacer
         self._discovery_bytes = discovery_bytes  # footers read by discovery, in the daemon
         self._units = 0  # fetched by the samplers
+        self._needed = 0  # column-chunk bytes the units that came back needed
         self._at_seal = 0  # the total when the latest epoch was sealed
         self._out: dict[str, tuple[int, int, bool]] = {}  # task -> (remote estimate, cached estimate, rolling)
         self._lock = threading.Lock()
@@ -22,6 +23,13 @@ class Traffic:
     def total(self) -> int:
         """Bytes fetched from the remote since start: sampled units and footers."""
         return self._units + self._discovery_bytes()
+
+    def amplification(self) -> dict[str, int | float | None]:
+        """What the samplers fetched against the column-chunk bytes their units needed."""
+        with self._lock:
+            fetched, needed = self._units, self._needed
+        return {"sampler_bytes": fetched, "needed_bytes": needed,
+                "read_amplification": round(fetched / needed, 4) if needed else None}
 
     def since_seal(self) -> int:
         return self.total() - self._at_seal
@@ -54,6 +62,7 @@ class Traffic:
         with self._lock:
             remote, cached, rolling = self._out.pop(r.task.key, (0, 0, False))
             self._units += r.remote_bytes
+            self._needed += r.needed_bytes
         self.pacer.settle((remote, r.remote_bytes), (cached, r.bytes if r.ok else 0), rolling)
 
     def epoch_started(self, max_bytes: int) -> None:

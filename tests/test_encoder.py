@@ -650,3 +650,23 @@ def test_canonical_extension_types_are_served_as_their_storage(ext_type: pa.Data
     assert schema.columns[0] == plain and schema.columns[0].type == plain.type
     for bb in (1, 1 << 20):
         assert_round_trip(t, schema, encode_table(t, schema, bb)[0])
+
+
+def test_pieces_are_the_block_and_view_the_table() -> None:
+    """encode_table_pieces: joined, each block is encode_table's (checksum included); a fixed column's section is
+    a view of the Arrow buffer, not a copy, so a sampler writes its staging file with no payload copy."""
+    from samplecache.record import verify_block
+    from samplecache.service.encoder import encode_table_pieces
+    x = np.arange(64 * 1024, dtype=np.float32)
+    t = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x), 1024), "y": pa.array(np.arange(64)),
+                  "s": pa.array([None if i % 7 == 0 else f"s{i}" for i in range(64)])})
+    schema, _ = infer_schema(t.schema)
+    joined, rpb = encode_table(t, schema, 64 << 10)
+    pieces, rpb2 = encode_table_pieces(t, schema, 64 << 10)
+    assert rpb == rpb2 and len(joined) == len(pieces) > 1
+    for block, parts in zip(joined, pieces):
+        assert bytes(block) == b"".join(parts)
+        assert verify_block(block) is None
+    base = x.__array_interface__["data"][0]
+    section = next(p for p in pieces[0] if len(p) == rpb * 1024 * 4)
+    assert np.frombuffer(section, np.uint8).__array_interface__["data"][0] == base, "the section was copied"

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from samplecache.record import Column, ColumnData, Schema, decode_rows, encode_block
+from samplecache.blockenc import ColumnData, encode_block
+from samplecache.record import Column, Schema, decode_rows
 from samplecache.service.staging import (
     MAGIC,
     SUFFIX,
