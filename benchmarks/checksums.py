@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """What block checksums (record format v3, xxh3_64) cost: hashing, ingest, and the client's read path.
 
-    python benchmarks/checksums.py [--ingest-mb 512] [--small N] [--large N] [--passes 3]
+    python -m benchmarks.checksums [--ingest-mb 512] [--small N] [--large N] [--passes 3]
                                    [--json out.json] [--quick] [--workdir DIR]
 
 a. hash: ``record.block_checksum`` over 1 MiB and 64 KiB blocks in memory (MB/s).
@@ -25,13 +24,9 @@ MB = 10**6 bytes (the payload of ``x`` for read rows). Caches live under ``--wor
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -49,12 +44,10 @@ from samplecache.service.encoder import encode_table, infer_schema
 from samplecache.service.staging import read_staged, write_staged
 from samplecache.service.writer import Writer, open_env
 
-MB = 1e6
+from .harness import MB, cli, report
+from .harness.cli import log
+
 SHARD_BYTES = 64 << 20
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def timed(fn: Callable[[], Any], passes: int) -> tuple[float, Any]:
@@ -196,19 +189,18 @@ def bench_read(root: Path, name: str, samples: int, width: int, dtype: str, pass
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.parser(__doc__)
+    cli.common(p, workdir=cli.BENCH_DATA / "checksums")
     p.add_argument("--ingest-mb", type=int, default=None, help="MB staged and ingested (default 512; --quick 64)")
     p.add_argument("--small", type=int, default=None, help="SMALL samples (default 400000; --quick 20000)")
     p.add_argument("--large", type=int, default=None, help="LARGE samples (default 512; --quick 32)")
     p.add_argument("--passes", type=int, default=None, help="timed passes (default 3; --quick 1)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one pass (a smoke run)")
-    p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--workdir", type=Path, default=Path("bench-data/checksums"))
     a = p.parse_args(argv)
     q = a.quick
     ingest_mb = a.ingest_mb or (64 if q else 512)
     small, large = a.small or (20_000 if q else 400_000), a.large or (32 if q else 512)
     passes = a.passes or (1 if q else 3)
+    load_start = report.loadavg()
     if a.workdir.exists():
         shutil.rmtree(a.workdir)
     a.workdir.mkdir(parents=True)
@@ -234,13 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nhash: {hashing['block_checksum_1MiB_mb_per_s']:,.0f} MB/s; ingest: {ingest['ingest_mb_per_s']:,.0f} MB/s, "
           f"verification {100 * ingest['verify_share']:.1f}% of it ({ingest['verify_mb_per_s']:,.0f} MB/s); "
           f"median of {passes} pass(es)")
-    if a.json is not None:
-        a.json.write_text(json.dumps({"benchmark": "checksums", "passes": passes, "hash": hashing, "ingest": ingest,
-                                      "read": rows, "host": {"python": platform.python_version(),
-                                                             "cpus": os.cpu_count(),
-                                                             "loadavg": os.getloadavg()}}, indent=2))
+    report.write_report(a.json, {"benchmark": "checksums", "passes": passes, "hash": hashing, "ingest": ingest,
+                                 "read": rows, "host": report.host(load_start, ("numpy", "pyarrow", "xxhash"))})
     return 0 if all(r["verified"] for r in rows) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

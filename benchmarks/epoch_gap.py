@@ -5,17 +5,17 @@ epochs through DataLoader (0 workers; 2 persistent workers; 2 non-persistent
 workers) recording when every batch arrives. Prints, per setting, the median
 batch interval and the boundary gaps; the target is gap <= one batch time.
 
-    python benchmarks/epoch_gap.py [--samples 200000] [--epochs 4] [--json out.json]
+    python -m benchmarks.epoch_gap [--samples 200000] [--epochs 4] [--json out.json] [--quick] [--workdir DIR]
+
+The data and the cache live in a temporary directory under ``--workdir`` (default ./bench-data), removed at
+the end.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from samplecache import SampleCacheDataset
-from samplecache.launch import DaemonProcess
+
+from .harness import cli, report, start_daemon, stop_daemon, wait_samples
+from .harness.cli import log
 
 
 def write_data(directory: Path, samples: int, width: int = 64) -> None:
@@ -39,16 +41,6 @@ def write_data(directory: Path, samples: int, width: int = 64) -> None:
         table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), width),
                           "y": pa.array(np.arange(f, f + n, dtype=np.int64))})
         pq.write_table(table, directory / f"part-{f:08d}.parquet", row_group_size=max(1, n // 4))
-
-
-def wait_cached(url: str, samples: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(url + "/v1/status", timeout=10) as r:
-            if json.loads(r.read())["samples"] >= samples:
-                return
-        time.sleep(0.2)
-    raise TimeoutError("the cache did not fill")
 
 
 class InMemory(IterableDataset):  # type: ignore[type-arg]
@@ -91,37 +83,43 @@ def gaps(url: str | None, epochs: int, workers: int, persistent: bool, batch: in
             "gaps_ms": [g * 1e3 for g in boundary], "worst_gap_in_batches": max(boundary) / batch_time}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=200_000)
-    ap.add_argument("--epochs", type=int, default=4)
+def main(argv: list[str] | None = None) -> int:
+    ap = cli.parser(__doc__)
+    cli.common(ap, quick="20,000 samples, 2 epochs (a smoke run)")
+    ap.add_argument("--samples", type=int, default=None, help="samples (default 200000; --quick 20000)")
+    ap.add_argument("--epochs", type=int, default=None, help="epochs per setting (default 4; --quick 2)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--step-ms", type=float, default=0.0, help="simulated training step (busy CPU) per batch")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    samples = args.samples or (20_000 if args.quick else 200_000)
+    epochs = args.epochs or (2 if args.quick else 4)
+    if epochs < 2:
+        ap.error("--epochs must be >= 2 (a boundary needs two epochs)")
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="samplecache-gap-") as tmp:
-        root = Path(tmp)
-        write_data(root / "remote", args.samples)
-        d = DaemonProcess(f"file://{root / 'remote'}", root / "cache", extra=["--samplers", "2"]).start()
+    load_start = report.loadavg()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="samplecache-gap-", dir=args.workdir) as tmp:
+        root = Path(tmp).resolve()
+        write_data(root / "remote", samples)
+        d = start_daemon(f"file://{root / 'remote'}", root / "cache", samplers=2, log_level=None)
         try:
-            wait_cached(d.url, args.samples)
+            wait_samples(d, samples, log, name="epoch_gap", budget=300, exact=False)
             rows, first = [], 0
             for workers, persistent in ((0, False), (2, True), (2, False)):
                 for url in (d.url, None):
-                    rows.append(gaps(url, args.epochs, workers, persistent, args.batch, first, args.step_ms,
-                                     args.samples))
-                first += args.epochs
+                    rows.append(gaps(url, epochs, workers, persistent, args.batch, first, args.step_ms, samples))
+                first += epochs
         finally:
-            d.stop()
+            stop_daemon(d)
     print(f"{'loader':<12} {'workers':>7} {'persistent':>10} {'batch ms':>9} {'worst gap / batch':>18}  gaps (ms)")
     for r in rows:
         print(f"{r['loader']:<12} {r['workers']:>7} {str(r['persistent']):>10} {r['batch_ms']:>9.2f} "
               f"{r['worst_gap_in_batches']:>18.2f}  " + ", ".join(f"{g:.1f}" for g in r["gaps_ms"]))
     print("target: worst gap / batch <= 1 (the next manifest and lease are fetched before the epoch ends)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    print(report.load_note(load_start))
+    report.write_report(args.json, rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

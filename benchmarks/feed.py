@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """The in-process feed of large samples against one memcpy of the same bytes, and (on a GPU host) into CUDA.
 
-    python benchmarks/feed.py [--large N] [--batch 8] [--passes 5] [--json out.json] [--workdir DIR] [--quick]
+    python -m benchmarks.feed [--large N] [--batch 8] [--passes 5] [--json out.json] [--workdir DIR] [--quick]
 
-Data, cache and daemon are ``benchmarks/read_throughput.py``'s LARGE (1 MiB float32 ``x`` + int64 ``y`` per
+Data, cache and daemon are the harness's LARGE (``benchmarks.harness``, as read_throughput's) (1 MiB float32 ``x`` + int64 ``y`` per
 sample; default 1,000 samples here, ``--quick`` 64), reused under ``--workdir``; batches of ``--batch`` (default 8,
 the suite's; batches over 32 MiB are where fresh arrays pay page faults: glibc maps them anew each time). Rows, measured in one
 run (one untimed warm-up pass, then the median of ``--passes``):
@@ -27,27 +26,20 @@ MB/s over the reference's (memcpy for host rows, h2d-pinned for CUDA rows); the 
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
-import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import numpy as np
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import read_throughput as rt  # noqa: E402
+from .harness import (BENCH_FORMAT, LARGE_STRIDE, Check, Row, Spec, Tally, build_cache, cli, fmt, generate,
+                      make_specs, measure, report, serve, stop_daemon, text_table)
+from .harness.cli import log
 
 SOURCE_BYTES = 256 << 20  # the memcpy row's source: larger than any CPU cache
 
 
-def memcpy_pass(spec: rt.Spec, b: int, src: np.ndarray, dst: np.ndarray, check: rt.Check) -> rt.Tally:
+def memcpy_pass(spec: Spec, b: int, src: np.ndarray, dst: np.ndarray, check: Check) -> Tally:
     """The epoch's bytes as one copy per batch into ``dst`` (reused), cycling through ``src``."""
     n = xsum = 0
     per = src.shape[0]
@@ -57,10 +49,12 @@ def memcpy_pass(spec: rt.Spec, b: int, src: np.ndarray, dst: np.ndarray, check: 
         np.copyto(dst[:k], src[a:a + k])
         xsum += check.block(dst[:k])
         n += k
-    return rt.Tally(n, 0, xsum)
+    return Tally(n, 0, xsum)
 
 
-def loader_pass(ds: Any, batches: Any, check: rt.Check, cuda: bool = False) -> rt.Tally:
+def loader_pass(ds: Any, batches: Any, check: Check, cuda: bool = False) -> Tally:
+    import torch
+
     ds.set_epoch(0)
     n = ysum = xsum = 0
     parts = []
@@ -68,76 +62,80 @@ def loader_pass(ds: Any, batches: Any, check: rt.Check, cuda: bool = False) -> r
         y, x = b["y"], b["x"]
         n += int(y.shape[0])
         if cuda:  # summed on the GPU, read back once per pass (no sync per batch)
-            parts.append(torch.stack([y.sum(), x.view(torch.int32)[:, ::rt.LARGE_STRIDE].sum(dtype=torch.int64)]))
+            parts.append(torch.stack([y.sum(), x.view(torch.int32)[:, ::LARGE_STRIDE].sum(dtype=torch.int64)]))
         else:
             ysum += int(y.sum())
             xsum += check.batch(x)
     if parts:
         tot = torch.stack(parts).sum(0).cpu()
         ysum, xsum = int(tot[0]), int(tot[1])
-    return rt.Tally(n, ysum, xsum)
+    return Tally(n, ysum, xsum)
 
 
-def h2d_pass(spec: rt.Spec, b: int, host: torch.Tensor, dev: torch.Tensor) -> rt.Tally:
+def h2d_pass(spec: Spec, b: int, host: Any, dev: Any) -> Tally:
+    import torch
+
     n = 0
     while n < spec.samples:
         k = min(b, spec.samples - n)
         dev[:k].copy_(host[:k], non_blocking=True)
         n += k
     torch.cuda.synchronize()
-    return rt.Tally(n, 0, 0)
+    return Tally(n, 0, 0)
 
 
-def run(spec: rt.Spec, b: int, workdir: Path, passes: int, log: Callable[[str], None]) -> list[rt.Row]:
+def run(spec: Spec, b: int, workdir: Path, passes: int) -> list[Row]:
+    import torch
+
     from samplecache import SampleCacheDataset, SampleCacheLoader
     from samplecache.bufferpool import BufferPool
 
     root = (workdir / spec.name).resolve()
-    truth = {k: v for k, v in rt.generate(spec, root, log).items() if k in ("samples", "y_sum", "x_check")}
-    rt.build_cache(spec, root, log)
-    check = rt.Check(spec)
-    rows: list[rt.Row] = []
+    truth = generate(spec, root, log)
+    manifest = build_cache(spec, root, log)
+    check = Check(spec)
+    rows: list[Row] = []
 
-    def row(loader: str, workers: int = 0, info: bool = False, expected: dict[str, int] | None = None) -> rt.Row:
-        return rt.Row(loader, spec.name, workers, b, spec.payload, dict(expected or truth), info=info)
+    def row(loader: str, workers: int = 0, info: bool = False, expected: dict[str, int] | None = None) -> Row:
+        return Row(loader, spec.name, workers, b, spec.payload, dict(expected or truth), info=info)
 
     src = np.random.default_rng(0).random((SOURCE_BYTES // spec.payload, spec.width), dtype=np.float32)
     dst = np.empty((b, spec.width), np.float32)
     ref = memcpy_pass(spec, b, src, dst, check)
     log("memcpy")
-    rows.append(rt.measure(row("memcpy", info=True, expected=vars(ref)),
-                           lambda: memcpy_pass(spec, b, src, dst, check), passes, log))
+    rows.append(measure(row("memcpy", info=True, expected=vars(ref)),
+                        lambda: memcpy_pass(spec, b, src, dst, check), passes, log))
     del src
-    d = rt.start_daemon(spec, root)
+    d = serve(spec, root, manifest)
     try:
         log(f"in-process rows (daemon {d.url}, idle)")
         ds = SampleCacheDataset(d.url, shuffle=True, batch_size=b)
-        rows.append(rt.measure(row("in-process"), lambda: loader_pass(ds, ds, check), passes, log))
+        rows.append(measure(row("in-process"), lambda: loader_pass(ds, ds, check), passes, log))
         log(f"  pool: {ds.buffers().kept()} buffers kept, {ds.buffers().made} made")
         fresh = SampleCacheDataset(d.url, shuffle=True, batch_size=b)
         fresh._pool = BufferPool(min_bytes=1 << 62)  # the pool off: numpy's allocator for every batch
-        rows.append(rt.measure(row("in-process-fresh"), lambda: loader_pass(fresh, fresh, check), passes, log))
+        rows.append(measure(row("in-process-fresh"), lambda: loader_pass(fresh, fresh, check), passes, log))
         dl = SampleCacheLoader(ds, batch_size=None, num_workers=0)
-        rows.append(rt.measure(row("loader"), lambda: loader_pass(ds, dl, check), passes, log))
+        rows.append(measure(row("loader"), lambda: loader_pass(ds, dl, check), passes, log))
         if torch.cuda.is_available():
             host = torch.empty((b, spec.width), dtype=torch.float32, pin_memory=True)
             dev = torch.empty_like(host, device="cuda")
-            rows.append(rt.measure(row("h2d-pinned", info=True, expected={"samples": spec.samples, "y_sum": 0,
-                                                                           "x_check": 0}),
-                                   lambda: h2d_pass(spec, b, host, dev), passes, log))
+            rows.append(measure(row("h2d-pinned", info=True, expected={"samples": spec.samples, "y_sum": 0,
+                                                                        "x_check": 0}),
+                                lambda: h2d_pass(spec, b, host, dev), passes, log))
             for w in (0, 4):
                 cds = SampleCacheDataset(d.url, shuffle=True, batch_size=b)
                 cdl = SampleCacheLoader(cds, batch_size=None, num_workers=w, persistent_workers=w > 0,
                                         device="cuda")
-                rows.append(rt.measure(row("loader-cuda", w), lambda: loader_pass(cds, cdl, check, True),
-                                       passes, log))
+                rows.append(measure(row("loader-cuda", w), lambda: loader_pass(cds, cdl, check, True),
+                                    passes, log))
                 cdl.close()
     finally:
-        rt.stop_daemon(d)
+        stop_daemon(d)
     return rows
 
 
-def ratios(rows: list[rt.Row]) -> dict[int, float | None]:
+def ratios(rows: list[Row]) -> dict[int, float | None]:
     """Row index -> MB/s over the reference's (memcpy, or h2d-pinned for the CUDA rows)."""
     refs = {r.loader: r.mb_per_s for r in rows if r.loader in ("memcpy", "h2d-pinned")}
     out: dict[int, float | None] = {}
@@ -147,57 +145,48 @@ def ratios(rows: list[rt.Row]) -> dict[int, float | None]:
     return out
 
 
-def table(rows: list[rt.Row]) -> str:
+def table(rows: list[Row]) -> str:
     x = ratios(rows)
-    head = f"{'row':<17} {'workers':>7} {'batch':>5} {'samples/s':>10} {'MB/s':>9} {'x ref':>6}  verified"
-    lines = [head, "-" * len(head)]
-    for i, r in enumerate(rows):
-        ok = "yes" if r.verified else ("ERROR" if r.error else "NO")
-        if r.info and r.verified:
-            ok = "reference"
-        lines.append(f"{r.loader:<17} {r.workers:>7} {r.batch_size:>5} {rt.fmt(r.samples_per_s, ',.0f'):>10} "
-                     f"{rt.fmt(r.mb_per_s, ',.1f'):>9} {rt.fmt(x[i], '.2f'):>6}  {ok}")
-    return "\n".join(lines)
+    head = [("row", -17), ("workers", 7), ("batch", 5), ("samples/s", 10), ("MB/s", 9), ("x ref", 6),
+            (" verified", -9)]
+
+    def status(r: Row) -> str:
+        return "reference" if r.info and r.verified else r.status
+    return text_table(head, [[(r.loader, -17), (str(r.workers), 7), (str(r.batch_size), 5),
+                              (fmt(r.samples_per_s, ',.0f'), 10), (fmt(r.mb_per_s, ',.1f'), 9), (fmt(x[i], '.2f'), 6),
+                              (" " + status(r), -9)] for i, r in enumerate(rows)])
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="CI smoke sizes (64 samples), 1 timed pass")
+    p = cli.parser(__doc__)
+    cli.common(p, quick="CI smoke sizes (64 samples), 1 timed pass")
     p.add_argument("--large", type=int, default=None, help="LARGE samples (default 1000; --quick: 64)")
     p.add_argument("--batch", type=int, default=8, help="samples per batch (default 8)")
     p.add_argument("--passes", type=int, default=None, help="timed passes per row (default 5; --quick: 1)")
-    p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--workdir", type=Path, default=Path("bench-data"), help="data and caches (default ./bench-data)")
     p.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
     a = p.parse_args(argv)
     n_large = a.large if a.large is not None else (64 if a.quick else 1000)
     passes = a.passes if a.passes is not None else (1 if a.quick else 5)
     if n_large < 1 or passes < 1:
         p.error("--large and --passes must be >= 1")
+    import torch
     torch.set_num_threads(max(1, a.torch_threads))
-    spec = rt.make_specs(1, n_large, a.quick)["large"]
+    spec = make_specs(1, n_large, a.quick)["large"]
 
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    t0, load_start = time.perf_counter(), os.getloadavg()
+    t0, load_start = time.perf_counter(), report.loadavg()
     a.workdir.mkdir(parents=True, exist_ok=True)
-    rows = run(spec, a.batch, a.workdir, passes, log)
+    rows = run(spec, a.batch, a.workdir, passes)
     print(table(rows))
     print(f"\nmedian of {passes} warm pass(es) after 1 warm-up; MB = 1e6 B of x; 'x ref' = MB/s over memcpy's "
           f"(CUDA rows: over h2d-pinned's); target >= 0.8")
-    x = ratios(rows)
     result = {
-        "benchmark": "feed", "bench_format": rt.BENCH_FORMAT, "quick": a.quick, "passes": passes,
+        "benchmark": "feed", "bench_format": BENCH_FORMAT, "quick": a.quick, "passes": passes,
         "seconds": time.perf_counter() - t0, "dataset": spec.params(), "batch": a.batch,
-        "host": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                 "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "numpy": np.__version__,
-                 "torch": torch.__version__, "cuda": torch.cuda.is_available()},
-        "rows": [{**rj, "ratio_to_reference": x[i]} for i, rj in enumerate(rt.rows_json(rows))],
+        "host": report.host(load_start, ("numpy",), torch=torch.__version__, cuda=torch.cuda.is_available()),
+        "rows": report.rows_json(rows, ratios(rows), "ratio_to_reference"),
     }
-    return rt.finish(a.json, result, rows)
+    return report.finish(a.json, result, rows)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

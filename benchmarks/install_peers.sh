@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Installs the peers of benchmarks/suite.py into .venv (or $PYTHON) without touching its torch.
+# Installs the peers of the benchmark suite (python -m benchmarks.suite) into .venv (or $PYTHON)
+# without touching its torch.
 #
 # mosaicml-streaming and litdata require torchvision, and every torchvision wheel pins a torch
 # other than the pinned CPU torch==2.13.0 (pip would replace it). So: the `peers` extra
 # (webdataset and the runtime deps of the other two, none of which needs torch), then the two
 # packages themselves with --no-deps. The suite never imports torchvision (see benchmarks/peers.py).
+# Runs from any directory: it works in the repository root, where the package benchmarks is importable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-.venv/bin/python}"
@@ -18,11 +20,10 @@ if [ "$torch_before" != "$torch_after" ]; then
 fi
 "$py" - <<'PY'
 import sys
-sys.path.insert(0, "benchmarks")
-import peers
-bad = {p: peers.missing(p) for p in ("streaming", "litdata", "webdataset")}
+from benchmarks.harness import missing, versions
+bad = {p: missing(p) for p in ("streaming", "litdata", "webdataset")}
 bad = {p: why for p, why in bad.items() if why}
 if bad:
     sys.exit(f"install_peers.sh: peers still missing: {bad}")
-print("peers installed:", {k: v for k, v in peers.versions().items()})
+print("peers installed:", versions(("mosaicml-streaming", "litdata", "webdataset")))
 PY

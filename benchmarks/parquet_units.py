@@ -1,16 +1,18 @@
 """Units sized by bytes: a sampler's peak memory on one huge row group, and the ingest rate of a file of
 thousands of tiny row groups against pyarrow reading the whole file.
 
-    .venv/bin/python benchmarks/parquet_units.py [--big-mib 1024] [--tiny-groups 10000] [--workdir DIR]
+    .venv/bin/python -m benchmarks.parquet_units [--big-mib 1024] [--tiny-groups 10000] [--workdir DIR]
+                                                 [--json out.json] [--quick]
 
 A sampler holds about two or three shard targets, plus the largest data page of the file (a reader
 holds a page whole). Both run the real sampling task (``service.sampler.run_task``) on a ``file://`` remote, in a fresh
-subprocess (its peak RSS is ``ru_maxrss``), with the daemon's unit plan (``planner.plan_units``).
+subprocess (its peak RSS is ``ru_maxrss``), with the daemon's unit plan (``planner.plan_units``). The files live
+in a temporary directory under ``--workdir`` (default ./bench-data), removed at the end. ``--quick``: a 64 MiB
+row group and 500 tiny ones.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import resource
@@ -28,6 +30,8 @@ from samplecache.service.encoder import infer_schema
 from samplecache.service.planner import plan_units
 from samplecache.service.sampler import SampleTask, run_task
 from samplecache.service.schemas import to_text
+
+from .harness import cli, report
 
 MiB = 1 << 20
 
@@ -110,28 +114,36 @@ def tiny_row_groups(work: Path, groups: int, rows_per_group: int) -> dict[str, A
                 rate_vs_pyarrow=pyarrow_s / got["seconds"] if got["seconds"] else 0.0)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--big-mib", type=int, default=1024, help="size of the one large row group (MiB)")
+def main(argv: list[str] | None = None) -> int:
+    ap = cli.parser(__doc__)
+    cli.common(ap, quick="a 64 MiB row group and 500 tiny ones (a smoke run)")
+    ap.add_argument("--big-mib", type=int, default=None, help="size of the one large row group (MiB; default 1024)")
     ap.add_argument("--part-mib", type=int, default=64, help="shard target (--unit-bytes) in MiB")
-    ap.add_argument("--tiny-groups", type=int, default=10_000)
+    ap.add_argument("--tiny-groups", type=int, default=None, help="tiny row groups (default 10000)")
     ap.add_argument("--tiny-rows", type=int, default=10, help="rows per tiny row group")
-    ap.add_argument("--workdir", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    big_mib = args.big_mib or (64 if args.quick else 1024)
+    tiny_groups = args.tiny_groups or (500 if args.quick else 10_000)
+    load_start = report.loadavg()
+    args.workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="sc-units-", dir=args.workdir))
     try:
-        big = big_row_group(work, args.big_mib, args.part_mib)
+        big = big_row_group(work, big_mib, args.part_mib)
         print(f"one {big['row_group_mib']} MiB row group, shard target {big['part_mib']} MiB: {big['shards']} shards, "
               f"{big['rows']} rows in {big['seconds']:.1f} s; sampler peak RSS {big['peak_rss'] / MiB:.0f} MiB "
               f"({big['peak_rss'] / (big['part_mib'] * MiB):.1f}x the shard target); errors: {big['errors']}")
-        tiny = tiny_row_groups(work, args.tiny_groups, args.tiny_rows)
+        tiny = tiny_row_groups(work, tiny_groups, args.tiny_rows)
         print(f"{tiny['groups']} row groups of {args.tiny_rows} rows: {tiny['units']} units, {tiny['shards']} shards, "
               f"ingest task {tiny['seconds']:.2f} s vs pyarrow read_table {tiny['pyarrow_seconds']:.2f} s: "
               f"{tiny['rate_vs_pyarrow']:.2f}x pyarrow's rate; errors: {tiny['errors']}")
+        result = {"benchmark": "parquet_units", "big": big, "tiny": tiny, "host": report.host(load_start)}
         print(json.dumps({"big": big, "tiny": tiny}))
+        print(report.load_note(load_start))
+        report.write_report(args.json, result)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return 0 if not big["errors"] and not tiny["errors"] else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

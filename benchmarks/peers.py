@@ -1,4 +1,4 @@
-"""The peer loaders of ``benchmarks/suite.py``: each peer's local format, written from the same
+"""The peer loaders of ``benchmarks.suite``: each peer's local format, written from the same
 Parquet data, and the dataset that reads it back.
 
 Every loader yields the same per-sample dict ``{"x": np.ndarray (width,), "y": int64}`` so that
@@ -6,7 +6,8 @@ Every loader yields the same per-sample dict ``{"x": np.ndarray (width,), "y": i
 which the suite verifies (count + checksums) on every pass.
 
 Peers (optional: ``bash benchmarks/install_peers.sh`` = ``pip install -e '.[peers]'`` then
-``pip install --no-deps mosaicml-streaming==0.13.0 litdata==0.2.76``, which keeps the pinned CPU torch):
+``pip install --no-deps mosaicml-streaming==0.13.0 litdata==0.2.76``, which keeps the pinned CPU torch;
+whether each one can run here, and the install command when not, is ``benchmarks.harness.needs``):
 
 * ``lmdb-pickle``   the naive baseline: an LMDB with one ``pickle.dumps({"x", "y"})`` per key,
                     a map-style Dataset (one read transaction and one ``pickle.loads`` per item)
@@ -70,11 +71,6 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 CONVERT_FORMAT = 2            # bump when a converter's output changes
 SHARD_BYTES = 64 << 20        # target size of one shard / chunk of the peer formats (their usual 64 MB)
 MIN_SHARDS = 8                # ... but at least this many, so that two workers both get work
-PIP = {
-    "streaming": "mosaicml-streaming==0.13.0",
-    "litdata": "litdata==0.2.76",
-    "webdataset": "webdataset==1.0.2",
-}
 
 
 # --- the data, row group by row group ------------------------------------------------------------
@@ -247,7 +243,7 @@ def import_streaming() -> types.ModuleType:
     root = list(spec.submodule_search_locations)[0]
     for name, path in (("streaming", root), ("streaming.base", os.path.join(root, "base"))):
         if name not in sys.modules:
-            pkg = types.ModuleType(name, f"{name} (package __init__ skipped by benchmarks/peers.py)")
+            pkg = types.ModuleType(name, f"{name} (package __init__ skipped by benchmarks.peers)")
             pkg.__path__ = [path]
             pkg.__package__ = name
             pkg.__spec__ = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),
@@ -255,14 +251,6 @@ def import_streaming() -> types.ModuleType:
             sys.modules[name] = pkg
     importlib.import_module("streaming.base.format.mds.writer")
     return importlib.import_module("streaming.base.dataset")
-
-
-def streaming_version() -> str | None:
-    try:
-        from importlib.metadata import version
-        return version("mosaicml-streaming")
-    except Exception:
-        return None
 
 
 class StreamingShm:
@@ -325,32 +313,3 @@ def mds_dataset(out: Path, batch_size: int, seed: int = 0) -> Any:
 def litdata_dataset(out: Path, seed: int = 0) -> Any:
     import litdata
     return litdata.StreamingDataset(str(out), shuffle=True, seed=seed)
-
-
-# --- availability ------------------------------------------------------------------------------------
-
-def missing(peer: str) -> str | None:
-    """None when ``peer`` can run here, else why not (for the table: 'not installed ...')."""
-    try:
-        if peer == "streaming":
-            import_streaming()
-        elif peer == "litdata":
-            importlib.import_module("litdata")
-            importlib.import_module("litdata.streaming.writer")
-        elif peer == "webdataset":
-            importlib.import_module("webdataset")
-    except Exception as e:  # ImportError, or a broken install
-        return (f"not installed ({type(e).__name__}: {str(e)[:120]}; bash benchmarks/install_peers.sh installs "
-                f"{PIP.get(peer, peer)} without touching torch)")
-    return None
-
-
-def versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-    out: dict[str, str | None] = {}
-    for dist in ("mosaicml-streaming", "litdata", "webdataset", "lmdb", "pyarrow", "numpy", "torch"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = None
-    return out

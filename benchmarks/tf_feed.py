@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """samplecache.tf against plain tf.data over the same Parquet files: samples/s at the same batch size.
 
-    python benchmarks/tf_feed.py [--quick] [--passes 3] [--json out.json] [--workdir DIR] [--datasets small,large]
+    python -m benchmarks.tf_feed [--quick] [--passes 3] [--json out.json] [--workdir DIR] [--datasets small,large]
                                  [--small N] [--large N]
 
-Data, caches and the daemon are ``benchmarks/read_throughput.py``'s (same generators and parameters, so both
-scripts and ``benchmarks/suite.py`` reuse each other's data under ``--workdir``): SMALL = 256 random uint8 +
+Data, caches and the daemon are the harness's (``benchmarks.harness``: the generators and parameters of
+read_throughput and suite, which reuse each other's data under ``--workdir``): SMALL = 256 random uint8 +
 int64 ``y`` per sample (400,000; ``--quick`` 20,000; batch 256), LARGE = 1 MiB of random float32 + ``y``
 (3,000; ``--quick`` 64; batch 8). Rows, each a ``tf.data.Dataset`` of {x, y} batches of the same size, shuffled,
 ending in ``.prefetch(tf.data.AUTOTUNE)``, iterated in eager mode in this process:
@@ -19,32 +18,25 @@ ending in ``.prefetch(tf.data.AUTOTUNE)``, iterated in eager mode in this proces
                           recipe).
 
 Every pass (one untimed warm-up, then ``--passes`` timed, the median reported) is verified against the
-Parquet ground truth: sample count, sum of ``y`` and the checksum of ``x`` of ``read_throughput.Check``.
-``x peer`` = samplecache.tf's samples/s over that row's; MB/s counts ``x`` (MB = 10**6 B).
+Parquet ground truth: sample count, sum of ``y`` and the checksum of ``x`` of ``harness.Check``.
+``x peer`` = samplecache.tf's samples/s over that row's; MB/s counts ``x`` (MB = 10**6 B). Without
+TensorFlow every row is reported "not installed" with the command that installs it (exit code 0).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
-import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up notes
+import numpy as np
+import pyarrow.parquet as pq
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import peers as pe  # noqa: E402
-import read_throughput as rt  # noqa: E402
+from . import peers as pe
+from .harness import (BENCH_FORMAT, Check, Row, Spec, Tally, build_cache, cli, fmt, generate, make_specs, measure,
+                      missing, missing_report, print_missing, report, serve, stop_daemon, text_table)
+from .harness.cli import log
 
 LOADERS = ["samplecache.tf", "tf-pyarrow-batches", "tf-pyarrow-samples"]
 PEERS = LOADERS[1:]
@@ -87,7 +79,9 @@ class ParquetSource:
                 yield {"x": xs[i], "y": ys[i]}
 
 
-def pyarrow_dataset(spec: rt.Spec, root: Path, per_sample: bool) -> tf.data.Dataset:
+def pyarrow_dataset(spec: Spec, root: Path, per_sample: bool) -> Any:
+    import tensorflow as tf
+
     src = ParquetSource(root / "parquet", spec.width)
     dtype = tf.as_dtype(np.dtype(spec.dtype))
     if per_sample:
@@ -100,111 +94,98 @@ def pyarrow_dataset(spec: rt.Spec, root: Path, per_sample: bool) -> tf.data.Data
 
 
 # --- measuring ----------------------------------------------------------------------------------------------
-def tf_pass(ds: tf.data.Dataset, check: rt.Check) -> rt.Tally:
+def tf_pass(ds: Any, check: Check) -> Tally:
     n = ysum = xsum = 0
     for b in ds:
         y = b["y"].numpy()
         n += len(y)
         ysum += int(y.sum())
         xsum += check.block(b["x"].numpy())
-    return rt.Tally(n, ysum, xsum)
+    return Tally(n, ysum, xsum)
 
 
-def run_dataset(spec: rt.Spec, workdir: Path, passes: int, loaders: list[str], log: Callable[[str], None]
-                ) -> list[rt.Row]:
+def run_dataset(spec: Spec, workdir: Path, passes: int, loaders: list[str], no_tf: str | None) -> list[Row]:
     root = (workdir / spec.name).resolve()
-    truth = {k: v for k, v in rt.generate(spec, root, log).items() if k in ("samples", "y_sum", "x_check")}
-    manifest = rt.build_cache(spec, root, log)
-    if manifest["samples"] != truth["samples"]:
-        raise RuntimeError(f"manifest has {manifest['samples']} samples, the source {truth['samples']}")
-    check = rt.Check(spec)
-    rows: list[rt.Row] = []
+    truth = generate(spec, root, log)
+    manifest = build_cache(spec, root, log)
+    check = Check(spec)
+    rows: list[Row] = []
 
-    def row(loader: str) -> rt.Row:
-        return rt.Row(loader, spec.name, 0, spec.batch_size, spec.payload, dict(truth))
+    def row(loader: str) -> Row:
+        return Row(loader, spec.name, 0, spec.batch_size, spec.payload, dict(truth), missing=no_tf)
+
+    if no_tf is not None:  # every row needs TensorFlow: reported, with the install command
+        return [row(name) for name in LOADERS if name in loaders]
+    import tensorflow as tf
 
     for peer in [p for p in PEERS if p in loaders]:
         log(f"{spec.name}: {peer}")
         ds = pyarrow_dataset(spec, root, per_sample=peer == "tf-pyarrow-samples")
-        rows.append(rt.measure(row(peer), lambda ds=ds: tf_pass(ds, check), passes, log))
+        rows.append(measure(row(peer), lambda ds=ds: tf_pass(ds, check), passes, log))
     if "samplecache.tf" in loaders:
         import samplecache.tf as sctf
-        d = rt.start_daemon(spec, root)
+        d = serve(spec, root, manifest)
         try:
             log(f"{spec.name}: samplecache.tf (daemon {d.url}, idle)")
             ds = sctf.dataset(d.url, ["x", "y"], batch_size=spec.batch_size, epoch=0, shuffle=True)
-            rows.insert(0, rt.measure(row("samplecache.tf"), lambda: tf_pass(ds.prefetch(tf.data.AUTOTUNE), check),
-                                      passes, log))
+            rows.insert(0, measure(row("samplecache.tf"), lambda: tf_pass(ds.prefetch(tf.data.AUTOTUNE), check),
+                                   passes, log))
             ds.samplecache_feed.close()
         finally:
-            rt.stop_daemon(d)
+            stop_daemon(d)
     return rows
 
 
 # --- output -----------------------------------------------------------------------------------------------
-def ratios(rows: list[rt.Row]) -> dict[tuple[str, str], float | None]:
-    """(dataset, loader) -> samplecache.tf's samples/s over that row's."""
+def ratios(rows: list[Row]) -> dict[int, float | None]:
+    """Row index -> samplecache.tf's samples/s over that row's."""
     ours = {r.dataset: r.samples_per_s for r in rows if r.loader == "samplecache.tf" and r.verified}
-    return {(r.dataset, r.loader): (ours[r.dataset] / r.samples_per_s
-                                    if r.dataset in ours and r.samples_per_s and r.verified else None) for r in rows}
+    return {i: (ours[r.dataset] / r.samples_per_s if r.dataset in ours and r.samples_per_s and r.verified else None)
+            for i, r in enumerate(rows)}
 
 
-def table(rows: list[rt.Row]) -> str:
+def table(rows: list[Row]) -> str:
     x = ratios(rows)
-    head = f"{'dataset':<7} {'loader':<20} {'batch':>5} {'samples/s':>12} {'MB/s':>9} {'x peer':>7}  verified"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        ok = "yes" if r.verified else ("ERROR" if r.error else "NO")
-        lines.append(f"{r.dataset.upper():<7} {r.loader:<20} {r.batch_size:>5} {rt.fmt(r.samples_per_s, ',.0f'):>12} "
-                     f"{rt.fmt(r.mb_per_s, ',.1f'):>9} {rt.fmt(x[(r.dataset, r.loader)], '.2f'):>7}  {ok}")
-    return "\n".join(lines)
+    head = [("dataset", -7), ("loader", -20), ("batch", 5), ("samples/s", 12), ("MB/s", 9), ("x peer", 7),
+            (" verified", -9)]
+    return text_table(head, [[(r.dataset.upper(), -7), (r.loader, -20), (str(r.batch_size), 5),
+                              (fmt(r.samples_per_s, ',.0f'), 12), (fmt(r.mb_per_s, ',.1f'), 9),
+                              (fmt(x[i], '.2f'), 7), (" " + r.status, -9)] for i, r in enumerate(rows)])
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="CI smoke sizes, 1 timed pass")
-    p.add_argument("--small", type=int, default=None, help="SMALL samples (default 400000; --quick: 20000)")
-    p.add_argument("--large", type=int, default=None, help="LARGE samples (default 3000; --quick: 64)")
-    p.add_argument("--passes", type=int, default=None, help="timed passes per row (default 3; --quick: 1)")
-    p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--workdir", type=Path, default=Path("bench-data"), help="data and caches (default ./bench-data)")
+    p = cli.parser(__doc__)
+    cli.common(p, quick="CI smoke sizes, 1 timed pass")
+    cli.loader_sizes(p)
     p.add_argument("--datasets", default="small,large", help="comma-separated subset of small,large")
     p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma-separated subset of {','.join(LOADERS)}")
     a = p.parse_args(argv)
-    n_small, n_large, passes = rt.sizes(a, p)
-    specs = rt.make_specs(n_small, n_large, a.quick)
-    names = [s.strip() for s in a.datasets.split(",") if s.strip()]
-    loaders = [s.strip() for s in a.loaders.split(",") if s.strip()]
-    if not names or any(n not in specs for n in names):
-        p.error(f"--datasets takes a comma-separated subset of {sorted(specs)}")
-    if not loaders or any(x not in LOADERS for x in loaders):
-        p.error(f"--loaders takes a comma-separated subset of {LOADERS}")
+    n_small, n_large, passes = cli.sizes(a, p)
+    specs = make_specs(n_small, n_large, a.quick)
+    names = cli.subset(p, "--datasets", a.datasets, list(specs))
+    loaders = cli.subset(p, "--loaders", a.loaders, LOADERS)
 
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    t0 = time.perf_counter()
-    load_start = os.getloadavg()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up notes
+    no_tf = missing("tensorflow")
+    gone = {"tensorflow": no_tf} if no_tf else {}
+    t0, load_start = time.perf_counter(), report.loadavg()
     a.workdir.mkdir(parents=True, exist_ok=True)
-    rows: list[rt.Row] = []
+    rows: list[Row] = []
     for name in names:
-        rows += run_dataset(specs[name], a.workdir, passes, loaders, log)
+        rows += run_dataset(specs[name], a.workdir, passes, loaders, no_tf)
     print(table(rows))
     print(f"\nmedian of {passes} warm pass(es) after 1 warm-up, every pass verified; MB = 1e6 B of x; "
           f"'x peer' = samplecache.tf samples/s / that row's samples/s")
-    x = ratios(rows)
+    print_missing(gone)
     result = {
-        "benchmark": "tf_feed", "bench_format": rt.BENCH_FORMAT, "quick": a.quick, "passes": passes,
+        "benchmark": "tf_feed", "bench_format": BENCH_FORMAT, "quick": a.quick, "passes": passes,
         "seconds": time.perf_counter() - t0, "datasets": {n: specs[n].params() for n in names},
-        "host": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                 "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "numpy": np.__version__,
-                 "pyarrow": pa.__version__, "tensorflow": tf.__version__},
-        "rows": [{**rj, "ratio_samplecache_to_this": x[(rj["dataset"], rj["loader"])]}
-                 for rj in rt.rows_json(rows)],
+        "host": report.host(load_start, ("numpy", "pyarrow", "tensorflow-cpu", "tensorflow")),
+        "missing": missing_report(gone),
+        "rows": report.rows_json(rows, ratios(rows), "ratio_samplecache_to_this"),
     }
-    return rt.finish(a.json, result, rows)
+    return report.finish(a.json, result, rows)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,9 +1,10 @@
-"""Smoke runs of benchmarks/read_throughput.py --quick and benchmarks/suite.py --quick: every row
-verified, no timing thresholds.
+"""Smoke runs of the benchmarks (``python -m benchmarks.<name> --quick`` from the repository root): every
+row verified, no timing thresholds; and a benchmark on a machine missing a peer (simulated: a stub package
+that raises ImportError hides the installed one) names it with its install command and reports the rest.
 
-The benchmark generates two tiny Parquet datasets, caches them with a real daemon
-subprocess and reads them back with every loader; each pass checks the sample
-count and two checksums against the Parquet ground truth.
+The loader benchmarks generate two tiny Parquet datasets, cache them with a real daemon subprocess and read
+them back with every loader; each pass checks the sample count and two checksums against the Parquet
+ground truth.
 """
 
 from __future__ import annotations
@@ -18,7 +19,23 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "read_throughput.py"
+
+
+def bench(name: str, *args: str | Path, timeout: float = 600, env: dict[str, str] | None = None
+          ) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.NAME ARGS`` from the repository root (where the package is importable)."""
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def hide(tmp_path: Path, *modules: str) -> dict[str, str]:
+    """An environment in which importing each of ``modules`` fails as if it were not installed: a stub package
+    of that name that raises ImportError, first on PYTHONPATH."""
+    stubs = tmp_path / "hidden-modules"
+    for m in modules:
+        (stubs / m).mkdir(parents=True, exist_ok=True)
+        (stubs / m / "__init__.py").write_text(f"raise ImportError('{m} hidden by the test: simulated missing')\n")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(stubs), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 # (loader, workers) rows expected for each dataset
 EXPECTED_ROWS = {("lmdb-limit", 0), ("lmdb-block", 0), ("client", 0), ("dataloader", 0), ("dataloader", 2),
@@ -28,9 +45,7 @@ EXPECTED_ROWS = {("lmdb-limit", 0), ("lmdb-block", 0), ("client", 0), ("dataload
 @pytest.mark.e2e
 def test_read_throughput_quick(tmp_path: Path) -> None:
     out = tmp_path / "tmp.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = bench("read_throughput", "--quick", "--json", out, "--workdir", tmp_path / "bench-data")
     report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
     assert out.exists(), report
     result = json.loads(out.read_text())
@@ -59,9 +74,8 @@ def test_read_throughput_quick(tmp_path: Path) -> None:
     assert proc.returncode == 0, report
 
 
-# --- benchmarks/suite.py --quick: samplecache against the peers --------------------------------------
+# --- python -m benchmarks.suite --quick: samplecache against the peers --------------------------------------
 
-SUITE = REPO / "benchmarks" / "suite.py"
 PEER_LOADERS = ("lmdb-pickle", "parquet-arrow", "streaming", "litdata", "webdataset")
 SAMPLECACHE_LOADERS = ("samplecache", "samplecache-batched", "samplecache-loader", "samplecache-loader-ps")
 CORE_LOADERS = (*SAMPLECACHE_LOADERS, "lmdb-pickle", "parquet-arrow")  # need no extra
@@ -84,9 +98,7 @@ def test_suite_quick(tmp_path: Path) -> None:
     row that could run verified (count + checksums); peers that are not installed say so."""
     out, md, workdir = tmp_path / "suite.json", tmp_path / "benchmarks.md", tmp_path / "bench-data"
     shm_before = _streaming_shm()
-    proc = subprocess.run(
-        [sys.executable, str(SUITE), "--quick", "--json", str(out), "--md", str(md), "--workdir", str(workdir)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = bench("suite", "--quick", "--json", out, "--md", md, "--workdir", workdir, timeout=900)
     report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
     assert out.exists(), report
     result = json.loads(out.read_text())
@@ -131,20 +143,46 @@ def test_suite_quick(tmp_path: Path) -> None:
 
 def test_suite_peers_installed() -> None:
     """The optional peers (bash benchmarks/install_peers.sh); skipped, with the reason, where missing."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import peers
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    missing = {p: why for p in ("streaming", "litdata", "webdataset") if (why := peers.missing(p))}
-    if missing:
-        pytest.skip(f"benchmark peers not installed (bash benchmarks/install_peers.sh): {missing}")
-    assert "torchvision" not in sys.modules  # the streaming import goes around it
+    proc = subprocess.run([sys.executable, "-c", "import json, sys\n"
+                           "from benchmarks.harness import missing\n"
+                           "gone = {p: why for p in ('streaming', 'litdata', 'webdataset') if (why := missing(p))}\n"
+                           "print(json.dumps({'missing': gone, 'torchvision': 'torchvision' in sys.modules}))"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    if got["missing"]:
+        pytest.skip(f"benchmark peers not installed (bash benchmarks/install_peers.sh): {got['missing']}")
+    assert not got["torchvision"]  # the streaming import goes around it
 
 
-# --- benchmarks/daemon_scale.py --quick: manifest serving, RSS, read rate vs cache size ----------------
+@pytest.mark.e2e
+def test_suite_reports_missing_peers(tmp_path: Path) -> None:
+    """A machine without webdataset and MosaicML Streaming (hidden): their rows say 'not installed' with the
+    install command, the report lists them, every other row still runs and is verified, exit code 0."""
+    out, workdir = tmp_path / "suite.json", tmp_path / "bench-data"
+    proc = bench("suite", "--quick", "--datasets", "small", "--workers", "0", "--no-md", "--json", out,
+                 "--workdir", workdir, "--loaders", "lmdb-limit,samplecache-batched,parquet-arrow,webdataset,streaming",
+                 env=hide(tmp_path, "webdataset", "streaming"), timeout=600)
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert out.exists(), report
+    result = json.loads(out.read_text())
+    rows = {r["loader"]: r for r in result["rows"]}
+    assert set(rows) == {"lmdb-limit", "samplecache-batched", "parquet-arrow", "webdataset", "streaming"}, report
+    for name in ("webdataset", "streaming"):
+        r = rows[name]
+        assert r["status"] == "not installed" and r["missing"].startswith("not installed"), r
+        assert "simulated missing" in r["missing"] or "No module named" in r["missing"], r
+        assert "bash benchmarks/install_peers.sh" in r["missing"], r
+        assert r["passes"] == [] and r["samples_per_s"] is None and not r["verified"], r
+    for name in ("lmdb-limit", "samplecache-batched", "parquet-arrow"):
+        assert rows[name]["verified"] and rows[name]["samples_per_s"] > 0, f"{name}: {rows[name]}\n{report}"
+    assert {m["need"] for m in result["missing"]} == {"webdataset", "streaming"}, result["missing"]
+    assert all(m["install"] == "bash benchmarks/install_peers.sh" for m in result["missing"]), result["missing"]
+    assert "missing here" in proc.stdout and "webdataset==1.0.2" in proc.stdout, report
+    assert proc.returncode == 0, report
 
-DAEMON_SCALE = REPO / "benchmarks" / "daemon_scale.py"
+
+# --- python -m benchmarks.daemon_scale --quick: manifest serving, RSS, read rate vs cache size ----------------
 
 
 @pytest.mark.e2e
@@ -152,9 +190,7 @@ def test_daemon_scale_quick(tmp_path: Path) -> None:
     """A small cache built in-process (no remote), served by the real daemon: the manifest verified, every
     concurrent response byte-identical, figures printed; the read-rate part verified at two sizes."""
     out = tmp_path / "scale.json"
-    proc = subprocess.run(
-        [sys.executable, str(DAEMON_SCALE), "--quick", "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = bench("daemon_scale", "--quick", "--json", out, "--workdir", tmp_path / "bench-data")
     report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
     assert out.exists(), report
     result = json.loads(out.read_text())
@@ -191,9 +227,7 @@ def test_daemon_scale_quick(tmp_path: Path) -> None:
     assert result["verified"] and proc.returncode == 0, report
 
 
-# --- benchmarks/ingest.py --quick: S3 server -> LMDB against raw s3fs reads --------------------------------
-
-INGEST = REPO / "benchmarks" / "ingest.py"
+# --- python -m benchmarks.ingest --quick: S3 server -> LMDB against raw s3fs reads --------------------------------
 
 
 @pytest.mark.e2e
@@ -201,18 +235,13 @@ def test_ingest_quick(tmp_path: Path) -> None:
     """Both datasets uploaded to a real S3 server, read raw, ingested by the daemon (epoch 0 read back from
     LMDB: count and sum of y), and profiled stage by stage; figures printed, no timing thresholds."""
     pytest.importorskip("s3fs")
-    sys.path.insert(0, str(REPO / "tests"))
+    from s3server import find_weed
     try:
-        from s3server import find_weed
         find_weed()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    finally:
-        sys.path.remove(str(REPO / "tests"))
     out = tmp_path / "ingest.json"
-    proc = subprocess.run(
-        [sys.executable, str(INGEST), "--quick", "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = bench("ingest", "--quick", "--json", out, "--workdir", tmp_path / "bench-data", timeout=900)
     report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
     assert out.exists(), report
     result = json.loads(out.read_text())
@@ -239,9 +268,8 @@ def test_ingest_quick(tmp_path: Path) -> None:
     assert result["verified"] and proc.returncode == 0, report
 
 
-# --- benchmarks/tf_feed.py --quick: samplecache.tf against plain tf.data over pyarrow -------------------------
+# --- python -m benchmarks.tf_feed --quick: samplecache.tf against plain tf.data over pyarrow -------------------------
 
-TF_FEED = REPO / "benchmarks" / "tf_feed.py"
 TF_LOADERS = ("samplecache.tf", "tf-pyarrow-batches", "tf-pyarrow-samples")
 
 
@@ -250,9 +278,7 @@ def test_tf_feed_quick(tmp_path: Path) -> None:
     """Every row of the TensorFlow comparison, both datasets: every pass verified (count + checksums), the
     same batch size for every row, the ratio to samplecache.tf in the JSON and the printed table."""
     out = tmp_path / "tf.json"
-    proc = subprocess.run(
-        [sys.executable, str(TF_FEED), "--quick", "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = bench("tf_feed", "--quick", "--json", out, "--workdir", tmp_path / "bench-data")
     report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
     assert out.exists(), report
     result = json.loads(out.read_text())
@@ -270,3 +296,54 @@ def test_tf_feed_quick(tmp_path: Path) -> None:
             assert r["ratio_samplecache_to_this"] == 1.0, name
     assert "x peer" in proc.stdout and "tf-pyarrow-samples" in proc.stdout, report
     assert proc.returncode == 0, report
+
+
+@pytest.mark.e2e
+def test_tf_feed_reports_missing_tensorflow(tmp_path: Path) -> None:
+    """tf_feed without TensorFlow (hidden): every row says 'not installed' with the pip command of the tf
+    extra, nothing fails."""
+    out = tmp_path / "tf.json"
+    proc = bench("tf_feed", "--quick", "--datasets", "small", "--json", out, "--workdir", tmp_path / "bench-data",
+                 env=hide(tmp_path, "tensorflow"))
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert out.exists(), report
+    result = json.loads(out.read_text())
+    assert [r["loader"] for r in result["rows"]] == list(TF_LOADERS), report
+    for r in result["rows"]:
+        assert r["missing"] and "pip install -e '.[tf]'" in r["missing"] and not r["verified"], r
+    assert [m["need"] for m in result["missing"]] == ["tensorflow"], report
+    assert "not installed" in proc.stdout and "-m pip install -e '.[tf]'" in proc.stdout, report
+    assert proc.returncode == 0, report
+
+
+# --- python -m benchmarks.epoch_gap / parquet_units --quick ------------------------------------------------------
+
+@pytest.mark.e2e
+def test_epoch_gap_quick(tmp_path: Path) -> None:
+    """Every setting of the epoch-boundary benchmark measured (samplecache and in-memory, 0 and 2 workers),
+    one gap per boundary; its temporary data under --workdir removed."""
+    out, work = tmp_path / "gap.json", tmp_path / "bench-data"
+    proc = bench("epoch_gap", "--quick", "--json", out, "--workdir", work)
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0 and out.exists(), report
+    rows = json.loads(out.read_text())
+    assert {(r["loader"], r["workers"], r["persistent"]) for r in rows} == {
+        (name, w, p) for name in ("samplecache", "in-memory") for w, p in ((0, False), (2, True), (2, False))}, report
+    assert all(len(r["gaps_ms"]) == 1 and r["batch_ms"] > 0 for r in rows), report  # --quick: 2 epochs
+    assert "worst gap / batch" in proc.stdout and "load average" in proc.stdout, report
+    assert list(work.iterdir()) == [], report
+
+
+@pytest.mark.e2e
+def test_parquet_units_quick(tmp_path: Path) -> None:
+    """One large row group and many tiny ones through the real sampling task: every row staged, no error."""
+    out, work = tmp_path / "units.json", tmp_path / "bench-data"
+    proc = bench("parquet_units", "--quick", "--json", out, "--workdir", work)
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0 and out.exists(), report
+    result = json.loads(out.read_text())
+    big, tiny = result["big"], result["tiny"]
+    assert big["errors"] == [] and big["rows"] == big["row_group_mib"] == 64 and big["peak_rss"] > 0, report
+    assert tiny["errors"] == [] and tiny["rows"] == tiny["groups"] * 10 == 5000, report
+    assert result["host"]["cpus"] and "loadavg_start" in result["host"], report
+    assert list(work.iterdir()) == [], report

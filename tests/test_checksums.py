@@ -223,9 +223,9 @@ def test_checksums_benchmark_quick(tmp_path: Path) -> None:
     import subprocess
     import sys
     out = tmp_path / "out.json"
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "checksums.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--workdir", str(tmp_path / "w"), "--json", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    repo = Path(__file__).resolve().parents[1]  # python -m benchmarks.checksums runs from the repository root
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.checksums", "--quick", "--workdir", str(tmp_path / "w"),
+                           "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=repo)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [(r["dataset"], r["verify"]) for r in result["read"]] == [

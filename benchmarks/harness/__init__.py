@@ -27,7 +27,8 @@ Modules (each documents its part; the names below are re-exported here):
               versions), ``machine(dists)``, ``loadavg()``, ``load_note``, ``versions``, ``git_state``, ``fmt``,
               ``rows_json``, ``text_table``, ``write_report``, ``exit_code``, ``finish(path, result, rows)``.
 * ``needs``   optional peers and tools: ``missing(key)`` -> None or "not installed (...); install: CMD",
-              ``require(key)`` (raises ``Missing``), ``missing_report``, ``missing_lines``, ``find_tool``,
+              ``require(key)`` (raises ``Missing``), ``missing_report``, ``missing_lines``, ``print_missing``,
+              ``find_tool``,
               ``NEEDS`` (streaming, litdata, webdataset, tensorflow, torch, s3fs, py-spy, seaweedfs, fincore).
 
 A benchmark's outline:
@@ -50,7 +51,7 @@ from .daemon import (all_shards, build_cache, fetch_epoch, http_get, http_json, 
                      wait_idle, wait_samples)
 from .data import (BENCH_FORMAT, LARGE_STRIDE, MB, Check, Spec, generate, make_specs, read_json, write_json,
                    write_parquet)
-from .needs import NEEDS, Missing, find_tool, missing, missing_lines, missing_report, require
+from .needs import NEEDS, Missing, find_tool, missing, missing_lines, missing_report, print_missing, require
 from .report import (exit_code, finish, fmt, host, load_note, loadavg, machine, rows_json, text_table, versions,
                      write_report)
 from .s3 import row_group_ranges, s3_server, s3fs_options, upload
@@ -61,7 +62,7 @@ __all__ = [
     "batches_pass", "build_cache", "common", "exit_code", "fail", "fetch_epoch", "find_tool", "finish", "fmt",
     "generate", "host", "http_get", "http_json", "human", "ints", "lmdb_check", "lmdb_scan", "load_note", "loadavg",
     "loader_sizes", "log", "machine", "make_specs", "measure", "missing", "missing_lines", "missing_report",
-    "parse_size", "parser", "read_json", "release_cache", "require", "row_group_ranges", "rows_json", "s3_server",
-    "s3fs_options", "serve", "sizes", "start_daemon", "stop_daemon", "subset", "text_table", "upload", "versions",
-    "wait_idle", "wait_samples", "write_json", "write_parquet", "write_report",
+    "parse_size", "parser", "print_missing", "read_json", "release_cache", "require", "row_group_ranges",
+    "rows_json", "s3_server", "s3fs_options", "serve", "sizes", "start_daemon", "stop_daemon", "subset",
+    "text_table", "upload", "versions", "wait_idle", "wait_samples", "write_json", "write_parquet", "write_report",
 ]

@@ -37,12 +37,13 @@ def http_json(url: str, timeout: float = 30.0) -> Any:
 
 
 def start_daemon(source: str, cache: Path, *, samplers: int = 2, max_bytes: int | None = None,
-                 log_path: Path | None = None, log_level: str = "warning", extra: Sequence[str] = (),
+                 log_path: Path | None = None, log_level: str | None = "warning", extra: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, timeout: float = 120.0, ready: bool = True) -> DaemonProcess:
     """``samplecache serve --source SOURCE --cache-dir CACHE --samplers N [--max-bytes B] EXTRA``, healthy
-    (``ready=False``: just spawned; call ``d.wait_ready``). ``env``: the daemon's environment (S3 credentials)."""
+    (``ready=False``: just spawned; call ``d.wait_ready``). ``env``: the daemon's environment (S3 credentials).
+    ``log_level`` None: the daemon's default."""
     args = ["--samplers", str(samplers), *(["--max-bytes", str(max_bytes)] if max_bytes else []),
-            "--log-level", log_level, *extra]
+            *(["--log-level", log_level] if log_level else []), *extra]
     d = DaemonProcess(source, cache.resolve(), log_path=log_path, extra=args, env=env)
     return d.start(timeout=timeout, ready=ready)
 

@@ -53,7 +53,8 @@ class Need:
         except Exception as e:  # ImportError, or a broken install
             return f"not installed ({type(e).__name__}: {str(e)[:120]}); install: {self.install}"
         if self.tool and find_tool(self.tool) is None:
-            return f"not installed ({self.tool} is neither beside {sys.executable} nor on PATH); install: {self.install}"
+            return (f"not installed ({self.tool} is neither beside {sys.executable} nor on PATH); "
+                    f"install: {self.install}")
         return None
 
 
@@ -114,3 +115,9 @@ def missing_lines(keys: dict[str, str]) -> list[str]:
     for r in missing_report(keys):
         lines.append(f"  {r['name']}: {r['why']}")
     return lines
+
+
+def print_missing(keys: dict[str, str]) -> None:
+    """``missing_lines`` on stdout after a blank line; nothing when nothing is missing."""
+    for line in ["", *missing_lines(keys)] if keys else []:
+        print(line)

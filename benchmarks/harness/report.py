@@ -129,7 +129,7 @@ def text_table(head: Sequence[tuple[str, int]], lines: Iterable[Sequence[tuple[s
     return "\n".join([h, "-" * len(h), *(row(c) for c in lines)])
 
 
-def write_report(path: Path | None, result: dict[str, Any]) -> None:
+def write_report(path: Path | None, result: Any) -> None:
     """``result`` as indented JSON in ``path`` (parents made); nothing when ``path`` is None."""
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow.parquet as pq
 
-from .data import MB, Log, Spec, write_parquet
+from .data import Log, Spec, write_parquet
 from .needs import require
 
 if TYPE_CHECKING:
