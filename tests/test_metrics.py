@@ -36,7 +36,8 @@ TYPES = {  # family (as the parser names it: counters without _total) -> type
     "samplecache_evicted_bytes": "counter", "samplecache_ingested_shards": "counter",
     "samplecache_ingested_samples": "counter", "samplecache_ingested_bytes": "counter",
     "samplecache_ingest_seconds": "histogram", "samplecache_lmdb_commits": "counter",
-    "samplecache_remote_read_bytes": "counter", "samplecache_pacing_allowance_bytes": "gauge",
+    "samplecache_remote_read_bytes": "counter", "samplecache_remote_sampler_bytes": "counter",
+    "samplecache_remote_needed_bytes": "counter", "samplecache_pacing_allowance_bytes": "gauge",
     "samplecache_sampler_state": "gauge", "samplecache_sampler_processes": "gauge", "samplecache_sampler_tasks": "gauge",
     "samplecache_sampler_restarts": "counter", "samplecache_sampler_errors": "counter",
     "samplecache_sampler_units_given_up": "counter", "samplecache_remote_errors": "counter",
@@ -146,6 +147,8 @@ def test_metrics_agree_with_status_and_counters_grow_while_ingesting(daemon: Any
     assert m.value("samplecache_samples") == s["samples"] > 0
     assert m.total("samplecache_evictions_total") == s["evictions"]
     assert m.value("samplecache_remote_read_bytes_total") == s["remote"]["bytes_read"] > 0
+    assert m.value("samplecache_remote_needed_bytes_total") == s["remote"]["needed_bytes"] > 0
+    assert m.value("samplecache_remote_sampler_bytes_total") == s["remote"]["sampler_bytes"] > 0
     assert m.value("samplecache_lmdb_commits_total") == s["ingest"]["commits"]
     assert m.value("samplecache_ingest_seconds_count") == m.value("samplecache_ingested_shards_total") > 0
     assert 0 < m.value("samplecache_ingest_seconds_sum") < 60 * m.value("samplecache_ingest_seconds_count")
