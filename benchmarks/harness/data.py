@@ -82,7 +82,7 @@ class Check:
 
     def sample(self, x: np.ndarray) -> int:
         if self.small:
-            return x.item(0) + x.item(self.last)
+            return x.item(0) + x.item(self.last)  # type: ignore[no-any-return]
         return int(x.view(np.int32)[::LARGE_STRIDE].sum(dtype=np.int64))
 
     def block(self, xs: np.ndarray) -> int:
@@ -102,6 +102,7 @@ class Check:
 def random_block(spec: Spec, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(x flat (n * width,), y (n,)) of ``n`` random rows: uniform bytes, or float32 in [0, 1) (random
     mantissas: practically incompressible)."""
+    flat: np.ndarray
     if spec.dtype == "uint8":
         flat = rng.integers(0, 256, size=n * spec.width, dtype=np.uint8)
     else:
