@@ -9,8 +9,8 @@ through it, so ``proxy.downloaded`` is every byte the daemon fetched (payload an
 
 Dataset (own prefix): 4 files x 4 row groups of 256 rows, ``x`` = 1024 random float32 (4 KiB, incompressible),
 no compression: 16 units of ~1 MiB. Every daemon runs one sampler process (a 2-core machine). Reading one unit
-fetches its file's 64 KiB footer tail and the row group's column chunks (no read-ahead):
-~1.1 MB on the wire per 1 MB unit (the row group and the footer tail), so a share of 0.25 x budget buys one or two units per epoch.
+fetches its row group's column chunks and, once per sampler and file, the footer (its exact bytes):
+~1.0 MB on the wire per 1 MB unit, so a share of 0.25 x budget buys one or two units per epoch.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def test_reader_epochs_keep_to_the_share(s3: Any, proxy: ByteProxy, daemon: Call
     d = start(daemon, s3, proxy, pacing_source, "--replace-per-epoch", str(SHARE))
     full = wait_full(d, proxy)
     share = SHARE * full["max_bytes"]
-    per_unit = full["remote"]["bytes_read"] / max(1, full["shards"])  # footer + row group (+ read-ahead)
+    per_unit = full["remote"]["bytes_read"] / max(1, full["shards"])  # the row group (+ its footer once per file)
     ev0 = full["evictions"]
     wires, remotes, allowances = [], [], []
     for e in range(K):
