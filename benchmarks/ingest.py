@@ -38,6 +38,7 @@ from typing import Any
 
 from .harness import (MB, Missing, Spec, common, host, load_note, loadavg, log, missing, parser, s3_server,
                       s3fs_options, subset, write_report)
+from .ingest_cpu import startup_cpu_s
 from .ingest_daemon import ingest_run
 from .ingest_data import BUCKET, make_specs, upload_truth
 from .ingest_raw import raw_series
@@ -46,7 +47,7 @@ from .ingest_scaling import parse_counts, run_scaling
 from .ingest_stages import cprofile_unit, guarded, read_variants, stage_profile
 
 
-def cpu_summary(raws: list[dict[str, Any]], ing: dict[str, Any]) -> dict[str, Any]:
+def cpu_summary(raws: list[dict[str, Any]], ing: dict[str, Any], probe: dict[str, Any]) -> dict[str, Any]:
     """CPU ms per MB of the raw read (median of its passes) and of the ingest, both ways, and their ratio."""
     mb = ing["cpu"]["mb"]
     used = ing["cpu_s"]
@@ -61,9 +62,9 @@ def cpu_summary(raws: list[dict[str, Any]], ing: dict[str, Any]) -> dict[str, An
     for c in (machine, procs):
         c["ratio"] = c["ingest_ms_per_mb"] / c["raw_ms_per_mb"]
         c["target_ok"] = c["ratio"] <= CPU_TARGET
-    return {"machine": machine, "processes": procs, "window": ing["cpu"]["window"],
-            "after_healthz": {"processes_ms_per_mb": ing["after_healthz"]["proc_cpu_ms_per_mb"],
-                              "machine_ms_per_mb": ing["after_healthz"]["cpu_ms_per_mb"]},
+    return {"machine": machine, "processes": procs, "startup_cpu_s": ing["startup_cpu_s"], "probe": probe,
+            "incl_start": {"processes_ms_per_mb": ing["incl_start"]["proc_cpu_ms_per_mb"],
+                           "machine_ms_per_mb": ing["incl_start"]["cpu_ms_per_mb"]},
             "cores": len(os.sched_getaffinity(0))}
 
 
@@ -71,16 +72,21 @@ def run_dataset(spec: Spec, s3: Any, root: Path, a: argparse.Namespace, counts: 
     truth = upload_truth(spec, s3.fs())
     opts = s3fs_options(s3)
     res: dict[str, Any] = {"spec": asdict(spec), "truth": {k: v for k, v in truth.items() if k != "ranges"}}
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as scratch:
+        probe = startup_cpu_s(truth["url"], truth["ranges"][0], Path(scratch), s3.env(), runs=1 if a.quick else 3)
+    startup = probe["seconds"]
+    log(f"{spec.name}: a sampler's start-up: {startup:.2f} CPU s ({probe['how']}; left out of the ingest's CPU)")
     raws = raw_series(opts, truth["ranges"], a.samplers, s3.pid, a.passes)
     log(f"{spec.name}: raw s3fs, {a.samplers} readers: {[round(r['mb_per_s']) for r in raws]} MB/s")
-    ing = ingest_run(spec, truth, s3, root, a.samplers, a.py_spy)
+    ing = ingest_run(spec, truth, s3, root, a.samplers, a.py_spy, startup)
     log(f"{spec.name}: daemon: /healthz {ing['healthz_s']:.1f}s, all samples at {ing['done_s']:.1f}s: "
         f"{ing['mb_per_s']:.0f} MB/s after /healthz, verified {ing['verified']}, "
         f"read amplification {ing['amplification']['ratio']:.3f}")
     after = raw_series(opts, truth["ranges"], a.samplers, s3.pid, 1)[0]
     raw_all = raws + [after]
     res.update(raw=raws, raw_after=after, raw_mb_per_s=statistics.median(r["mb_per_s"] for r in raw_all),
-               ingest=ing, cpu=cpu_summary(raw_all, ing))
+               ingest=ing, cpu=cpu_summary(raw_all, ing, probe))
     res["ratio"] = ing["mb_per_s"] / res["raw_mb_per_s"]
     c = res["cpu"]
     log(f"{spec.name}: CPU ms/MB raw -> ingest: processes {c['processes']['raw_ms_per_mb']:.2f} -> "
@@ -90,7 +96,7 @@ def run_dataset(spec: Spec, s3: Any, root: Path, a: argparse.Namespace, counts: 
     if counts:
         def measure(n: int) -> tuple[dict[str, Any], dict[str, Any]]:
             raw = raw_series(opts, truth["ranges"], n, s3.pid, 1)[0]
-            run = ingest_run(spec, truth, s3, root, n, False)
+            run = ingest_run(spec, truth, s3, root, n, False, startup)
             log(f"{spec.name}: {n} samplers: {run['mb_per_s']:.0f} MB/s (raw {raw['mb_per_s']:.0f}), "
                 f"{run['proc_cpu_ms_per_mb']:.2f} ms/MB, cores busy {run['cores_busy']:.2f}")
             return raw, run
@@ -110,8 +116,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Spec], 
     p = parser(__doc__)
     p.prog = "python -m benchmarks.ingest"
     common(p, workdir=Path("bench-data") / "ingest")
-    p.add_argument("--large-mb", type=float, default=None, help="MB of LARGE rows (default 200; --quick 25)")
-    p.add_argument("--small-mb", type=float, default=None, help="MB of SMALL rows (default 200; --quick 10)")
+    p.add_argument("--large-mb", type=float, default=None, help="MB of LARGE rows in Parquet (default 200; --quick 25)")
+    p.add_argument("--small-mb", type=float, default=None, help="MB of SMALL rows in Parquet (default 200; --quick 12)")
     p.add_argument("--samplers", type=int, default=2, help="daemon samplers = raw readers (default 2)")
     p.add_argument("--passes", type=int, default=None, help="timed raw passes (default 2; --quick 1)")
     p.add_argument("--scaling", default="auto",
@@ -123,7 +129,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Spec], 
     p.add_argument("--datasets", default="large,small", help="comma-separated subset of large,small")
     a = p.parse_args(argv)
     specs = make_specs(a.large_mb if a.large_mb is not None else (25 if a.quick else 200),
-                       a.small_mb if a.small_mb is not None else (10 if a.quick else 200), a.quick)
+                       a.small_mb if a.small_mb is not None else (12 if a.quick else 200), a.quick)
     names = subset(p, "--datasets", a.datasets, list(specs))
     a.passes = a.passes if a.passes is not None else (1 if a.quick else 2)
     a.profile_units = a.profile_units if a.profile_units is not None else (2 if a.quick else 6)

@@ -5,7 +5,7 @@ of ``y``) as the verification.
 Start-up (process start -> ``/healthz``: imports, footer discovery, sampler spawn) is reported apart; rates and
 CPU are over the time after ``/healthz``. CPU both ways: the machine's busy time, and that of the S3 server's
 tree plus the daemon's tree (its main process, every thread, and every sampler, live or reaped) taken before the
-daemon stops. Read amplification: ``remote.bytes_read`` (samplers and footers) over the column-chunk bytes of
+daemon stops, less the samplers' start-up (measured apart: ``ingest_cpu.startup_cpu_s``). Read amplification: ``remote.bytes_read`` (samplers and footers) over the column-chunk bytes of
 every row group; the daemon's own ``remote.needed_bytes`` / ``remote.read_amplification`` where it has them."""
 
 from __future__ import annotations
@@ -24,54 +24,56 @@ from .ingest_cpu import Snapshot, spent
 from .ingest_spy import summarize_raw_profile
 
 
-def _wait_all(d: DaemonProcess, spec: Spec, budget: float, t0: float, s3_pid: int) -> dict[str, Any]:
-    """Poll /v1/status until every sample is resident. The CPU clocks are read when the first shard is resident
-    (the samplers have imported their modules and connected) and at the end; the samplers' mean occupancy
+POLL = 0.25  # /v1/status is not free for the daemon: polled 4 times a second, the times come from the shards
+
+
+def _wait_all(d: DaemonProcess, spec: Spec, budget: float, t0: float) -> dict[str, Any]:
+    """Poll /v1/status until every sample is resident; the last status and the samplers' mean occupancy
     (units in flight / processes: below 1 the daemon does not keep its samplers busy)."""
-    first, busy = None, []
+    busy = []
     while True:
         st = http_json(d.url + "/v1/status")
         now = time.monotonic() - t0
         if st["quarantined"]:
             raise RuntimeError(f"quarantined: {st['quarantined']}")
-        if first is None and st["samples"] > 0:
-            assert d.proc is not None
-            first = {"s": now, "samples": st["samples"], "snap": Snapshot.take(s3_pid, d.proc.pid)}
         procs = st["sampler"]["processes"] or 1
         busy.append(min(1.0, st["sampler"]["in_flight"] / procs))
         if st["samples"] >= spec.samples:
-            return {"done_s": now, "first": first, "sampler_occupancy": sum(busy) / len(busy), "status": st}
+            return {"sampler_occupancy": sum(busy) / len(busy), "status": st}
         if d.proc is not None and d.proc.poll() is not None:
             raise RuntimeError(f"daemon exited with {d.proc.returncode}:\n{d.log_tail()}")
         if now > budget:
             raise TimeoutError(f"{spec.name}: {st['samples']} of {spec.samples} after {now:.0f}s "
                                f"({st['last_error']})\n{d.log_tail()}")
-        time.sleep(0.05)
+        time.sleep(POLL)
 
 
-def ingest_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers: int, spy: bool) -> dict[str, Any]:
+def ingest_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers: int, spy: bool,
+               startup_s: float) -> dict[str, Any]:
+    """One ingest of ``spec`` by the daemon with ``samplers``; ``startup_s``: one sampler's start-up CPU
+    (``ingest_cpu.startup_cpu_s``), left out of the ingest's CPU."""
     cache = root / f"cache-{spec.name}-{samplers}"
     if cache.exists():
         shutil.rmtree(cache)
     max_bytes = 3 * truth["row_group_bytes"] + (1 << 30)
     res: dict[str, Any] = {"samplers": samplers}
     spy_proc, prof = None, root / f"py-spy-{spec.name}.txt"
-    t0 = time.monotonic()
+    t0, t0_wall = time.monotonic(), time.time()
     d = start_daemon(truth["url"] + "/", cache, samplers=samplers, max_bytes=max_bytes, env=s3.env(), ready=False,
                      log_path=root / f"daemon-{spec.name}-{samplers}.log", log_level="info")
     try:
         d.wait_ready(timeout=300)
-        res["healthz_s"] = time.monotonic() - t0
+        res["healthz_s"] = time.time() - t0_wall
         assert d.proc is not None
         snap0 = Snapshot.take(s3.pid, d.proc.pid)
         if spy and find_tool("py-spy"):
             spy_proc = subprocess.Popen([str(find_tool("py-spy")), "record", "--pid", str(d.proc.pid), "--subprocesses",
                                          "-r", "97", "-f", "raw", "-o", str(prof), "--nonblocking"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        waited = _wait_all(d, spec, 300 + truth["row_group_bytes"] / 2e6, t0, s3.pid)  # >= 2 MB/s
+        waited = _wait_all(d, spec, 300 + truth["row_group_bytes"] / 2e6, t0)  # >= 2 MB/s
         snap2 = Snapshot.take(s3.pid, d.proc.pid)
-        st, first = waited.pop("status"), waited.pop("first")
-        res.update(waited, first_shard_s=first["s"])
+        st = waited.pop("status")
+        res.update(waited)
         if spy_proc is not None:
             spy_proc.send_signal(signal.SIGINT)
             try:
@@ -93,28 +95,37 @@ def ingest_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers:
     shutil.rmtree(cache, ignore_errors=True)
     res["verified"] = n == truth["samples"] and ysum == truth["y_sum"] and manifest["samples"] == truth["samples"]
     res["check"] = {"samples": n, "y_sum": ysum, "expected_samples": truth["samples"], "expected_y_sum": truth["y_sum"]}
+    # when the first and the last shard were committed (the daemon's clock), not when the poll saw them
+    res["first_shard_s"], res["done_s"] = created[0] - t0_wall, created[-1] - t0_wall
     ingest_s = res["done_s"] - res["healthz_s"]
     mb = truth["row_group_bytes"] / MB
     res.update(ingest_s=ingest_s, mb=mb, mb_per_s=mb / ingest_s, mb_per_s_total=mb / res["done_s"],
                lmdb_mb_per_s=st["bytes"] / MB / ingest_s, shards=len(created))
-    res["after_healthz"] = cpu_window(spent(snap0, snap2), mb, ingest_s)
-    left = spec.samples - first["samples"]  # the rows are the same size: bytes in proportion to the samples
-    steady = left > 0 and res["done_s"] - first["s"] > 0
-    res["steady"] = cpu_window(spent(first["snap"], snap2), mb * left / spec.samples, res["done_s"] - first["s"]) \
-        if steady else None
-    res["cpu"] = res["steady"] or res["after_healthz"]  # the samplers' start-up left out when it can be
-    res["cpu"]["window"] = "steady" if steady else "after_healthz"
+    used = spent(snap0, snap2)
+    assert snap0.daemon is not None
+    # the samplers' start-up, as far as it fell after /healthz (they are spawned before it), is not ingest;
+    # a sampler that never got a unit had no first unit's first-use costs (counted as if it had: a little less)
+    spawned = min(samplers + int(st["sampler"]["restarts"]), truth["row_groups"])
+    startup = min(used["samplers"], max(0.0, spawned * startup_s - snap0.daemon["descendants"]))
+    res["startup_cpu_s"] = {"per_sampler": startup_s, "spawned": spawned, "after_healthz": startup}
+    window = snap2.at - snap0.at  # the CPU's window: /healthz until the poll saw every sample
+    res["incl_start"] = cpu_window(used, mb, window)
+    net = dict(used, samplers=used["samplers"] - startup, daemon_tree=used["daemon_tree"] - startup,
+               machine=used["machine"] - startup)
+    res["cpu"] = cpu_window(net, mb, window)
     for k in ("cpu_ms_per_mb", "cores_busy", "proc_cpu_ms_per_mb", "proc_cores_busy", "cores", "cpu_s"):
         res[k] = res["cpu"][k]
-    if len(created) > 2:  # n-1 shards' worth of bytes arrived over the span between the first and last commit
-        span = created[-1] - created[0]
-        res["steady_mb_per_s"] = truth["row_group_bytes"] * (len(created) - 1) / len(created) / MB / span
+    # the rate once the first shard is resident (the samplers warm): n-1 shards' worth of bytes arrived over the
+    # span between the first and the last commit (for scaling: without the start-up's latency)
+    span = created[-1] - created[0]
+    res["steady_mb_per_s"] = mb * (len(created) - 1) / len(created) / span if len(created) > 1 and span > 0 else None
+    res["warm_mb_per_s"] = res["steady_mb_per_s"] or res["mb_per_s"]
     res["amplification"] = amplification(st["remote"], truth)
     return res
 
 
 def cpu_window(used: dict[str, float], mb: float, seconds: float) -> dict[str, Any]:
-    """CPU per MB and cores busy over one window of the ingest (``mb`` ingested in ``seconds``)."""
+    """CPU per MB and cores busy over one window of the ingest (``mb`` ingested, ``seconds`` long)."""
     procs = used["server"] + used["daemon_tree"]
     return {"mb": mb, "seconds": seconds, "mb_per_s": mb / seconds, "cpu_s": used,
             "cpu_ms_per_mb": 1000 * used["machine"] / mb, "cores_busy": used["machine"] / seconds,

@@ -3,9 +3,11 @@ and their truth: sample count, sum of ``y``, every row group's byte range, the b
 (what a sampler must fetch at least) and of the footers.
 
 * LARGE: ``x`` = fixed_size_list<float32, 262144> (1 MiB) + int64 ``y``, 16 rows (16.8 MB) per row group;
-* SMALL: ``x`` = fixed_size_list<uint8, 256> + int64 ``y``, 50,000 rows (13.2 MB) per row group;
+* SMALL: ``x`` = fixed_size_list<uint8, 256> + int64 ``y``, 10,000 rows (10.4 MB) per row group (Parquet has no
+  8-bit type: each uint8 is stored as an INT32, so a 256-byte row takes about 1,037 bytes in the file);
 
-4 row groups per file, random (incompressible), written uncompressed. ``--quick``: 4 and 5,000 rows per group.
+4 row groups per file, random (incompressible), written uncompressed; the sizes asked for are Parquet bytes.
+``--quick``: 4 and 2,000 rows per row group.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ BUCKET = "samplecache-bench"
 
 
 def make_specs(large_mb: float, small_mb: float, quick: bool) -> dict[str, Spec]:
-    lrg, srg = (4, 5_000) if quick else (16, 50_000)
-    nl = max(lrg, int(large_mb * MB / (1 << 20)) // lrg * lrg)
-    ns = max(srg, int(small_mb * MB / 264) // srg * srg)
+    lrg, srg = (4, 2_000) if quick else (16, 10_000)
+    nl = max(lrg, int(large_mb * MB / (4 * 262_144 + 8)) // lrg * lrg)  # float32 and uint8 items: 4 bytes each
+    ns = max(srg, int(small_mb * MB / (4 * 256 + 8)) // srg * srg)
     return {"large": Spec("large", nl, lrg, "float32", 262_144, 8, seed=11, rows_per_file=4 * lrg),
             "small": Spec("small", ns, srg, "uint8", 256, 256, seed=12, rows_per_file=4 * srg)}
 

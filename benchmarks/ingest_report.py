@@ -45,17 +45,17 @@ def cpu(results: dict[str, Any]) -> list[str]:
             if way == "processes":
                 parts = (f"{c['raw_server']:>10.2f} + {c['raw_readers']:<9.2f}  "
                          f"{c['ingest_server']:>13.2f} + {c['ingest_daemon']:.2f} + {c['ingest_samplers']:.2f}")
-            start = r["cpu"]["after_healthz"][f"{way}_ms_per_mb"]
+            start = r["cpu"]["incl_start"][f"{way}_ms_per_mb"]
             lines.append(f"{name:<7} {way:<10} {c['raw_ms_per_mb']:>7.2f} {c['ingest_ms_per_mb']:>7.2f} "
                          f"{c['ratio']:>6.2f}  {mark(c['target_ok']):<6}  {start:>11.2f}  {parts}")
-    windows = {r["cpu"]["window"] for r in results.values()}
+    starts = ", ".join(f"{n} {r['cpu']['startup_cpu_s']['per_sampler']:.2f} s per sampler, "
+                       f"{r['cpu']['startup_cpu_s']['after_healthz']:.2f} s after /healthz" for n, r in results.items())
     return lines + ["processes = utime+stime of the S3 server's tree and the raw readers (over their reads), or of "
-                    "the S3 server's tree and the daemon's tree (main process + samplers, reaped ones included); "
-                    "machine = /proc/stat busy time of every core (other work on the machine included). The ingest "
-                    "is measured from the first shard resident to the last (the samplers' imports and first "
-                    "connection left out, as the raw readers' are)" + ("" if windows == {"steady"} else
-                    " where there was more than one shard, else from /healthz") + "; 'incl. start' = from /healthz, "
-                    "the samplers' start-up included", ""]
+                    "the S3 server's tree and the daemon's tree (main process + samplers, reaped ones included) from "
+                    "/healthz until every sample is resident; machine = /proc/stat busy time of every core (other "
+                    "work on the machine included). The samplers' start-up (interpreter, imports, s3fs and its first "
+                    "connection: measured in a process that does just that) is left out, as the raw readers' is; "
+                    f"'incl. start' keeps it ({starts})", ""]
 
 
 def amplification(results: dict[str, Any]) -> list[str]:
@@ -88,7 +88,7 @@ def scaling(results: dict[str, Any]) -> list[str]:
                          f"{w['daemon_main_cores']:>7.2f} {w['busiest_thread_cores']:>7.2f} {w['samplers_cores']:>9.2f} "
                          f"{100 * w['sampler_occupancy']:>8.0f}%  {'yes' if w['verified'] else 'NO'}{over}")
         lines += [f"  {sc['verdict']}",
-                  "  MB/s, ms/MB and cores over the ingest's steady window (first shard -> last); ms/MB = processes' CPU, machine = /proc/stat; cores = machine cores busy; server, daemon (main "
+                  "  MB/s from the first shard resident to the last (samplers warm); ms/MB = processes' CPU (start-up left out), machine = /proc/stat; cores = machine cores busy; server, daemon (main "
                   "process), thread (its busiest), samplers = cores each kept busy; occupied = units in flight / "
                   "samplers", ""]
     return lines
