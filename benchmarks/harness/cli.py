@@ -29,10 +29,10 @@ def log(msg: str) -> None:
 def parse_size(s: str) -> int:
     """Bytes of '200MB', '1GiB', '1.5 GB', '4096' (SI: 10**3 steps; IEC: 2**10 steps)."""
     t = s.strip().upper().replace(" ", "")
-    for u, m in _UNITS.items():
-        if t.endswith(u) and t[: -len(u)]:
-            return int(float(t[: -len(u)]) * m)
     try:
+        for u, m in _UNITS.items():
+            if t.endswith(u) and t[: -len(u)]:
+                return int(float(t[: -len(u)]) * m)
         return int(t)
     except ValueError:
         raise ValueError(f"not a size: {s!r} (examples: 4096, 200MB, 1GiB)") from None
