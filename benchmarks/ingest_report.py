@@ -124,5 +124,7 @@ def stages(results: dict[str, Any]) -> list[str]:
 
 
 def report(results: dict[str, Any], samplers: int) -> str:
+    if not results:
+        return "ingest: nothing measured (what is missing is said below)"
     return "\n".join(rates(results, samplers) + cpu(results) + amplification(results) + scaling(results)
                      + stages(results))

@@ -62,6 +62,24 @@ def test_scaling_verdict_names_the_limit() -> None:
     assert "server-bound" in verdict([_row(1, 100, 200), _row(2, 110, 210)], cores=16)
 
 
+def test_missing_s3fs_is_named_with_its_install_command(tmp_path: Path) -> None:
+    """Without s3fs (hidden by a package that fails to import) nothing can run: the run says which and how to
+    install it, writes its JSON and does not fail."""
+    stub = tmp_path / "stub" / "s3fs"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    out = tmp_path / "ingest.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stub.parent), str(REPO)])}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.ingest", "--quick", "--json", str(out), "--workdir",
+                           str(tmp_path / "bench-data")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, report
+    result = json.loads(out.read_text())
+    assert "s3fs" in result["missing"]["s3"] and "pip install" in result["missing"]["s3"], report
+    assert result["datasets"] == {} and not result["verified"], report
+    assert "missing: s3: s3fs: not installed" in proc.stdout and "nothing measured" in proc.stdout, report
+
+
 @pytest.mark.e2e
 def test_ingest_quick(tmp_path: Path) -> None:
     out = tmp_path / "ingest.json"
