@@ -15,12 +15,16 @@ a. raw (``ingest_raw.py``): every row group's byte range read by ``--samplers`` 
 b. the daemon (``ingest_daemon.py``) on a fresh cache with ``--samplers``, until every sample is resident; the
    sealed epoch 0 read back from LMDB (count and sum of ``y``) is the verification;
 c. CPU per MB both ways (``ingest_cpu.py``): the machine's busy time, and that of exactly the processes
-   involved (the S3 server's tree + the readers; the S3 server's tree + the daemon's tree), and the ratio
-   ingest / raw; read amplification from ``/v1/status``'s ``remote.bytes_read`` over the column-chunk bytes;
-d. scaling (``ingest_scaling.py``): b. and a. again for every other sampler count of ``--scaling``;
+   involved (the S3 server's tree + the readers over their reads; the S3 server's tree + the daemon's tree from
+   /healthz to the last sample, less the samplers' start-up measured apart, as the readers' is left out), and
+   the ratio ingest / raw; read amplification from ``/v1/status``'s ``remote.bytes_read`` over the column-chunk
+   bytes (and the daemon's own ``remote.read_amplification``);
+d. scaling (``ingest_scaling.py``): b. and a. again for every other sampler count of ``--scaling``, and where
+   the rate stops scaling and why (cores saturated, by this run or by other work; daemon-bound; server-bound);
 e. where a sampler's time goes (``ingest_stages.py``): a stage profile, read variants and a cProfile.
 
-MB = 10**6 bytes. The exit code is 1 when any verification failed.
+MB = 10**6 bytes (of Parquet column chunks). The exit code is 1 when any verification failed; without s3fs or
+the ``weed`` binary the run says which and how to install it and measures nothing.
 """
 
 from __future__ import annotations
