@@ -27,19 +27,22 @@ from .ingest_spy import summarize_raw_profile
 POLL = 0.25  # /v1/status is not free for the daemon: polled 4 times a second, the times come from the shards
 
 
-def _wait_all(d: DaemonProcess, spec: Spec, budget: float, t0: float) -> dict[str, Any]:
-    """Poll /v1/status until every sample is resident; the last status and the samplers' mean occupancy
-    (units in flight / processes: below 1 the daemon does not keep its samplers busy)."""
-    busy = []
+def _wait_all(d: DaemonProcess, spec: Spec, budget: float, t0: float, s3_pid: int) -> dict[str, Any]:
+    """Poll /v1/status until every sample is resident; the last status, the CPU clocks when the first shard
+    was seen (the samplers warm) and the samplers' mean occupancy (units in flight / processes: below 1 the
+    daemon does not keep its samplers busy)."""
+    busy, warm = [], None
     while True:
         st = http_json(d.url + "/v1/status")
         now = time.monotonic() - t0
         if st["quarantined"]:
             raise RuntimeError(f"quarantined: {st['quarantined']}")
+        if warm is None and 0 < st["samples"] < spec.samples and d.proc is not None:
+            warm = Snapshot.take(s3_pid, d.proc.pid)
         procs = st["sampler"]["processes"] or 1
         busy.append(min(1.0, st["sampler"]["in_flight"] / procs))
         if st["samples"] >= spec.samples:
-            return {"sampler_occupancy": sum(busy) / len(busy), "status": st}
+            return {"sampler_occupancy": sum(busy) / len(busy), "status": st, "warm": warm}
         if d.proc is not None and d.proc.poll() is not None:
             raise RuntimeError(f"daemon exited with {d.proc.returncode}:\n{d.log_tail()}")
         if now > budget:
@@ -70,9 +73,9 @@ def ingest_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers:
             spy_proc = subprocess.Popen([str(find_tool("py-spy")), "record", "--pid", str(d.proc.pid), "--subprocesses",
                                          "-r", "97", "-f", "raw", "-o", str(prof), "--nonblocking"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        waited = _wait_all(d, spec, 300 + truth["row_group_bytes"] / 2e6, t0)  # >= 2 MB/s
+        waited = _wait_all(d, spec, 300 + truth["row_group_bytes"] / 2e6, t0, s3.pid)  # >= 2 MB/s
         snap2 = Snapshot.take(s3.pid, d.proc.pid)
-        st = waited.pop("status")
+        st, warm = waited.pop("status"), waited.pop("warm")
         res.update(waited)
         if spy_proc is not None:
             spy_proc.send_signal(signal.SIGINT)
@@ -120,6 +123,9 @@ def ingest_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers:
     span = created[-1] - created[0]
     res["steady_mb_per_s"] = mb * (len(created) - 1) / len(created) / span if len(created) > 1 and span > 0 else None
     res["warm_mb_per_s"] = res["steady_mb_per_s"] or res["mb_per_s"]
+    # cores kept busy once the samplers are warm (first shard seen -> every sample seen), for scaling
+    w = spent(warm, snap2) if warm is not None and snap2.at > warm.at else None
+    res["warm_cores"] = {k: v / (snap2.at - warm.at) for k, v in w.items()} if w and warm else res["cpu"]["cores"]
     res["amplification"] = amplification(st["remote"], truth)
     return res
 

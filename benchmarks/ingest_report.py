@@ -88,7 +88,7 @@ def scaling(results: dict[str, Any]) -> list[str]:
                          f"{w['daemon_main_cores']:>7.2f} {w['busiest_thread_cores']:>7.2f} {w['samplers_cores']:>9.2f} "
                          f"{100 * w['sampler_occupancy']:>8.0f}%  {'yes' if w['verified'] else 'NO'}{over}")
         lines += [f"  {sc['verdict']}",
-                  "  MB/s from the first shard resident to the last (samplers warm); ms/MB = processes' CPU (start-up left out), machine = /proc/stat; cores = machine cores busy; server, daemon (main "
+                  "  MB/s and cores from the first shard resident to the last (samplers warm); ms/MB = processes' CPU (start-up left out), machine = /proc/stat; cores = machine cores busy; server, daemon (main "
                   "process), thread (its busiest), samplers = cores each kept busy; occupied = units in flight / "
                   "samplers", ""]
     return lines

@@ -43,14 +43,14 @@ def parse_counts(text: str, oversubscribe: bool) -> list[int]:
 
 
 def row_of(n: int, raw: dict[str, Any], ing: dict[str, Any]) -> dict[str, Any]:
-    cores = ing["cores"]
+    cores = ing["warm_cores"]
     return {"samplers": n, "oversubscribed": n > len(os.sched_getaffinity(0)),
             "raw_mb_per_s": raw["mb_per_s"], "raw_proc_cpu_ms_per_mb": raw["proc_cpu_ms_per_mb"],
             "raw_cores_busy": raw["cores_busy"],
             "mb_per_s": ing["warm_mb_per_s"], "x_raw": ing["warm_mb_per_s"] / raw["mb_per_s"],
             "mb_per_s_after_healthz": ing["mb_per_s"],
             "proc_cpu_ms_per_mb": ing["proc_cpu_ms_per_mb"], "cpu_ms_per_mb": ing["cpu_ms_per_mb"],
-            "cores_busy": ing["cores_busy"], "server_cores": cores["server"],
+            "cores_busy": cores["machine"], "server_cores": cores["server"],
             "daemon_main_cores": cores["daemon_main"], "samplers_cores": cores["samplers"],
             "busiest_thread_cores": cores.get("busiest_thread", 0.0),
             "sampler_occupancy": ing["sampler_occupancy"], "verified": ing["verified"]}
