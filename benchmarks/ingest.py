@@ -44,7 +44,7 @@ from .harness import (MB, Missing, Spec, common, host, load_note, loadavg, log, 
                       s3fs_options, subset, write_report)
 from .ingest_cpu import startup_cpu_s
 from .ingest_daemon import ingest_run
-from .ingest_data import BUCKET, make_specs, upload_truth
+from .ingest_data import BUCKET, make_specs, part_truth, upload_truth
 from .ingest_raw import raw_series
 from .ingest_report import AMP_TARGET, CPU_TARGET, report
 from .ingest_scaling import parse_counts, run_scaling
@@ -72,6 +72,20 @@ def cpu_summary(raws: list[dict[str, Any]], ing: dict[str, Any], probe: dict[str
             "cores": len(os.sched_getaffinity(0))}
 
 
+def marginal(full: dict[str, Any], part: dict[str, Any], cpu: dict[str, Any]) -> dict[str, Any]:
+    """CPU per MB of the bytes the full run ingested beyond the part run (the first half of the files), both
+    with the start-up: it is the same in both and cancels, without being measured."""
+    if not part["verified"]:
+        return {"error": f"the part run was not verified: {part['check']}"}
+    mb = full["mb"] - part["mb"]
+    a, b = full["incl_start"]["cpu_s"], part["incl_start"]["cpu_s"]
+    procs = (a["server"] + a["daemon_tree"] - b["server"] - b["daemon_tree"]) * 1000 / mb
+    machine = (a["machine"] - b["machine"]) * 1000 / mb
+    return {"mb": mb, "part_mb": part["mb"], "processes_ms_per_mb": procs, "machine_ms_per_mb": machine,
+            "processes_ratio": procs / cpu["processes"]["raw_ms_per_mb"],
+            "machine_ratio": machine / cpu["machine"]["raw_ms_per_mb"]}
+
+
 def run_dataset(spec: Spec, s3: Any, root: Path, a: argparse.Namespace, counts: list[int]) -> dict[str, Any]:
     truth = upload_truth(spec, s3.fs())
     opts = s3fs_options(s3)
@@ -92,6 +106,9 @@ def run_dataset(spec: Spec, s3: Any, root: Path, a: argparse.Namespace, counts: 
     res.update(raw=raws, raw_after=after, raw_mb_per_s=statistics.median(r["mb_per_s"] for r in raw_all),
                ingest=ing, cpu=cpu_summary(raw_all, ing, probe))
     res["ratio"] = ing["mb_per_s"] / res["raw_mb_per_s"]
+    part = part_truth(truth, s3.fs()) if a.differential else None
+    if part is not None:
+        res["cpu"]["marginal"] = marginal(ing, ingest_run(spec, part, s3, root, a.samplers, False, startup), res["cpu"])
     c = res["cpu"]
     log(f"{spec.name}: CPU ms/MB raw -> ingest: processes {c['processes']['raw_ms_per_mb']:.2f} -> "
         f"{c['processes']['ingest_ms_per_mb']:.2f} ({c['processes']['ratio']:.2f}x), machine "
@@ -127,6 +144,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Spec], 
     p.add_argument("--scaling", default="auto",
                    help="sampler counts to scale over: 'auto' (1, 2, 4, ... up to the cores), 'none' or '1,2,4,8,16'")
     p.add_argument("--oversubscribe", action="store_true", help="allow --scaling counts above the cores")
+    p.add_argument("--differential", action=argparse.BooleanOptionalAction, default=None,
+                   help="also ingest the first half of the files: the CPU per MB of the difference, where the "
+                        "start-up cancels (default on; --quick off)")
     p.add_argument("--profile-units", type=int, default=None, help="units in the stage profile (default 6; --quick 2)")
     p.add_argument("--no-variants", action="store_true", help="skip the read variants")
     p.add_argument("--py-spy", action="store_true", help="sample the daemon and its samplers with py-spy")
@@ -136,6 +156,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Spec], 
                        a.small_mb if a.small_mb is not None else (12 if a.quick else 200), a.quick)
     names = subset(p, "--datasets", a.datasets, list(specs))
     a.passes = a.passes if a.passes is not None else (1 if a.quick else 2)
+    a.differential = (not a.quick) if a.differential is None else a.differential
     a.profile_units = a.profile_units if a.profile_units is not None else (2 if a.quick else 6)
     if a.samplers < 1 or a.passes < 1 or a.profile_units < 1:
         p.error("--samplers, --passes and --profile-units must be >= 1")

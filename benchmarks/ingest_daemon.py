@@ -27,7 +27,7 @@ from .ingest_spy import summarize_raw_profile
 POLL = 0.25  # /v1/status is not free for the daemon: polled 4 times a second, the times come from the shards
 
 
-def _wait_all(d: DaemonProcess, spec: Spec, budget: float, t0: float, s3_pid: int) -> dict[str, Any]:
+def _wait_all(d: DaemonProcess, name: str, samples: int, budget: float, t0: float, s3_pid: int) -> dict[str, Any]:
     """Poll /v1/status until every sample is resident; the last status, the CPU clocks when the first shard
     was seen (the samplers warm) and the samplers' mean occupancy (units in flight / processes: below 1 the
     daemon does not keep its samplers busy)."""
@@ -37,16 +37,16 @@ def _wait_all(d: DaemonProcess, spec: Spec, budget: float, t0: float, s3_pid: in
         now = time.monotonic() - t0
         if st["quarantined"]:
             raise RuntimeError(f"quarantined: {st['quarantined']}")
-        if warm is None and 0 < st["samples"] < spec.samples and d.proc is not None:
+        if warm is None and 0 < st["samples"] < samples and d.proc is not None:
             warm = Snapshot.take(s3_pid, d.proc.pid)
         procs = st["sampler"]["processes"] or 1
         busy.append(min(1.0, st["sampler"]["in_flight"] / procs))
-        if st["samples"] >= spec.samples:
+        if st["samples"] >= samples:
             return {"sampler_occupancy": sum(busy) / len(busy), "status": st, "warm": warm}
         if d.proc is not None and d.proc.poll() is not None:
             raise RuntimeError(f"daemon exited with {d.proc.returncode}:\n{d.log_tail()}")
         if now > budget:
-            raise TimeoutError(f"{spec.name}: {st['samples']} of {spec.samples} after {now:.0f}s "
+            raise TimeoutError(f"{name}: {st['samples']} of {samples} after {now:.0f}s "
                                f"({st['last_error']})\n{d.log_tail()}")
         time.sleep(POLL)
 
@@ -55,15 +55,16 @@ def ingest_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers:
                startup_s: float) -> dict[str, Any]:
     """One ingest of ``spec`` by the daemon with ``samplers``; ``startup_s``: one sampler's start-up CPU
     (``ingest_cpu.startup_cpu_s``), left out of the ingest's CPU."""
-    cache = root / f"cache-{spec.name}-{samplers}"
+    tag = f"{spec.name}-{samplers}{truth.get('tag', '')}"
+    cache = root / f"cache-{tag}"
     if cache.exists():
         shutil.rmtree(cache)
     max_bytes = 3 * truth["row_group_bytes"] + (1 << 30)
     res: dict[str, Any] = {"samplers": samplers}
     spy_proc, prof = None, root / f"py-spy-{spec.name}.txt"
     t0, t0_wall = time.monotonic(), time.time()
-    d = start_daemon(truth["url"] + "/", cache, samplers=samplers, max_bytes=max_bytes, env=s3.env(), ready=False,
-                     log_path=root / f"daemon-{spec.name}-{samplers}.log", log_level="info")
+    d = start_daemon(truth.get("source", truth["url"] + "/"), cache, samplers=samplers, max_bytes=max_bytes, env=s3.env(), ready=False,
+                     log_path=root / f"daemon-{tag}.log", log_level="info")
     try:
         d.wait_ready(timeout=300)
         res["healthz_s"] = time.time() - t0_wall
@@ -73,7 +74,7 @@ def ingest_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers:
             spy_proc = subprocess.Popen([str(find_tool("py-spy")), "record", "--pid", str(d.proc.pid), "--subprocesses",
                                          "-r", "97", "-f", "raw", "-o", str(prof), "--nonblocking"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        waited = _wait_all(d, spec, 300 + truth["row_group_bytes"] / 2e6, t0, s3.pid)  # >= 2 MB/s
+        waited = _wait_all(d, spec.name, truth["samples"], 300 + truth["row_group_bytes"] / 2e6, t0, s3.pid)
         snap2 = Snapshot.take(s3.pid, d.proc.pid)
         st, warm = waited.pop("status"), waited.pop("warm")
         res.update(waited)

@@ -39,3 +39,29 @@ def upload_truth(spec: Spec, fs: Any) -> dict[str, Any]:
                  file_bytes=file_bytes, footer_bytes=file_bytes - needed - 4 * truth["files"])
     log(f"{spec.name}: {len(ranges)} row groups, {needed / MB:,.1f} MB of column chunks")
     return truth
+
+
+def part_truth(truth: dict[str, Any], fs: Any) -> dict[str, Any] | None:
+    """The first half of the files (at least one, fewer than all) as a source of its own, with its truth (the
+    sum of ``y`` read back from the files); None when there is one file only."""
+    paths = sorted({r[0] for r in truth["ranges"]})
+    k = len(paths) // 2
+    if k < 1:
+        return None
+    import pyarrow.parquet as pq
+
+    part = set(paths[:k])
+    ranges = [r for r in truth["ranges"] if r[0] in part]
+    y_sum = samples = 0
+    for path in paths[:k]:
+        with fs.open(path, "rb") as f:
+            y = pq.read_table(f, columns=["y"]).column("y")
+        y_sum += int(y.to_numpy().sum())
+        samples += len(y)
+    stem = paths[0].rsplit("/", 1)
+    # one file is a source by itself; several, a glob of the first k part numbers (part-00000 ... part-0000k-1)
+    source = f"s3://{paths[0]}" if k == 1 else f"s3://{stem[0]}/part-0000[0-{k - 1}].parquet"
+    nbytes = sum(r[2] for r in ranges)
+    return {**truth, "source": source, "tag": "-part", "samples": samples, "y_sum": y_sum, "ranges": ranges,
+            "row_groups": len(ranges), "row_group_bytes": nbytes, "needed_bytes": nbytes, "files": k,
+            "footer_bytes": truth["footer_bytes"] * k // truth["files"]}

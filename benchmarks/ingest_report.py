@@ -48,6 +48,15 @@ def cpu(results: dict[str, Any]) -> list[str]:
             start = r["cpu"]["incl_start"][f"{way}_ms_per_mb"]
             lines.append(f"{name:<7} {way:<10} {c['raw_ms_per_mb']:>7.2f} {c['ingest_ms_per_mb']:>7.2f} "
                          f"{c['ratio']:>6.2f}  {mark(c['target_ok']):<6}  {start:>11.2f}  {parts}")
+    for name, r in results.items():
+        m = r["cpu"].get("marginal")
+        if m and "error" in m:
+            lines.append(f"{name:<7} marginal: {m['error']}")
+        elif m:
+            lines.append(f"{name:<7} marginal (the run on all files less the run on the first {m['part_mb']:,.0f} MB, "
+                         f"start-up included in both): processes {m['processes_ms_per_mb']:.2f} ms/MB = "
+                         f"{m['processes_ratio']:.2f}x raw, machine {m['machine_ms_per_mb']:.2f} ms/MB = "
+                         f"{m['machine_ratio']:.2f}x raw")
     starts = ", ".join(f"{n} {r['cpu']['startup_cpu_s']['per_sampler']:.2f} s per sampler, "
                        f"{r['cpu']['startup_cpu_s']['after_healthz']:.2f} s after /healthz" for n, r in results.items())
     return lines + ["processes = utime+stime of the S3 server's tree and the raw readers (over their reads), or of "
