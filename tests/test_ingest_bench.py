@@ -1,6 +1,7 @@
 """benchmarks/ingest.py: its process CPU accounting, its scaling verdict, and a --quick run end to end (a real S3
-server, the real daemon at 1 and 2 samplers, the epoch read back from LMDB); the JSON holds CPU per MB both ways
-with the ratio to the raw read, the read amplification and the scaling rows. No timing thresholds."""
+server, the real daemon at 1 and 2 samplers and on half the files, the epoch read back from LMDB); the JSON holds
+CPU per MB both ways with the ratio to the raw read, the read amplification and the scaling rows. No timing
+thresholds."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def test_missing_s3fs_is_named_with_its_install_command(tmp_path: Path) -> None:
 def test_ingest_quick(tmp_path: Path) -> None:
     out = tmp_path / "ingest.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.ingest", "--quick", "--scaling", "1,2", "--oversubscribe", "--no-variants",
+        [sys.executable, "-m", "benchmarks.ingest", "--quick", "--scaling", "1,2", "--oversubscribe", "--no-variants", "--differential",
          "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
@@ -106,6 +107,9 @@ def test_ingest_quick(tmp_path: Path) -> None:
         start = r["cpu"]["startup_cpu_s"]
         assert start["per_sampler"] > 0 and 0 <= start["after_healthz"] <= start["spawned"] * start["per_sampler"], report
         assert r["cpu"]["incl_start"]["processes_ms_per_mb"] >= p["ingest_ms_per_mb"], report
+        m = r["cpu"]["marginal"]  # the first half of the files ingested again: verified, fewer bytes
+        assert "error" not in m and 0 < m["part_mb"] < r["ingest"]["mb"], f"{m}\n{report}"
+        assert m["processes_ratio"] == pytest.approx(m["processes_ms_per_mb"] / p["raw_ms_per_mb"]), report
         amp = ing["amplification"]
         assert amp["needed_bytes"] == r["truth"]["row_group_bytes"] > 0, report
         assert amp["bytes_read"] >= amp["needed_bytes"], report  # nothing is cached without being fetched
