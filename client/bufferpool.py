@@ -21,6 +21,7 @@ does that). No framework is imported here.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from typing import Callable
@@ -60,7 +61,7 @@ class BufferPool:
         """An array of ``shape`` and ``dtype`` in a free kept buffer (or a new one); None below ``min_bytes``
         (the caller allocates as usual). ``name`` (the column) is not used: buffers go by size."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self.min_bytes:
             return None
         with self._lock:
