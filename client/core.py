@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from samplecache.batching import ahead, batch_groups, batch_items, gather_batches
+from samplecache.bufferpool import BufferPool
 from samplecache.daemon_api import DaemonError, EpochGone, request_json
 from samplecache.epoch_clock import EpochClock
 from samplecache.epoch_source import EpochPlan, EpochSource, MissingColumn, check_columns
@@ -23,8 +25,6 @@ from samplecache.prefetch import prefetched
 from samplecache.reader import split_batch
 from samplecache.stream import Stream
 
-AHEAD_BYTES = 8 << 20  # read ahead by the prefetch thread, beyond one chunk or batch
-BATCH_ALONE_BYTES = 1 << 20  # a batch at least this large is gathered on its own
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 MAX_EPOCH = 2 ** 53  # as the daemon's limit: exact as a float, far from int64's end (the shared clock adds to them)
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
@@ -79,8 +79,9 @@ class SplitOptions:
 @dataclass(frozen=True)
 class BatchOptions:
     """Columnar batches: ``masks`` adds ``<name>__valid`` bool arrays for fixed columns with nulls;
-    ``prefetch`` batches are read ahead by a thread (0: none); ``copy_threads`` copy a large batch (None: the
-    usable cores, at most 4)."""
+    ``prefetch`` batches are read ahead by a thread (0: none); batches of 1 MiB and more are read ahead in groups
+    by ``copy_threads`` threads at once, the consumer's included (``samplecache.batching``; None: the usable
+    cores, at most 4)."""
 
     batch_size: int
     drop_last: bool = False
@@ -185,28 +186,6 @@ def stream_for(plan: EpochPlan, split: SplitOptions, pos: Position) -> Stream:
                   key=pos.rank * pos.workers + pos.worker)
 
 
-def batch_groups(plan: EpochPlan, stream: Stream, start: int, batch: int, unit: int, drop_last: bool
-                 ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
-    """``stream.batch_groups`` from ``start``: small batches read together (about a chunk at a time), large
-    ones one by one, so each is written into memory the consumer just freed (still in the CPU's cache)."""
-    per_chunk = max(1, plan.chunk // batch) if batch * plan.sample_bytes < BATCH_ALONE_BYTES else 1
-    return stream.batch_groups(start, batch, unit, max(unit, per_chunk * batch // unit * unit), drop_last)
-
-
-def gather_batches(plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, batch: int, threads: int = 1,
-                   masks: bool = True, alloc: Any = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(samples, batch) for these positions: one vectorised gather (into ``alloc``'s arrays), batches views of it."""
-    got = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, alloc, threads, masks)
-    for a in range(0, len(idx), batch):
-        yield min(batch, len(idx) - a), {k: v[a:a + batch] for k, v in got.items()}
-
-
-def ahead(depth: int, item_bytes: int) -> int:
-    """Items read ahead by a thread: ``depth``, but no more than ``AHEAD_BYTES`` beyond one item (memory the
-    consumer just freed is reused while it is still in the CPU's cache); 0: none."""
-    return 0 if depth <= 0 else max(1, min(depth, AHEAD_BYTES // max(1, item_bytes)))
-
-
 def _items(counted: Iterator[tuple[int, Any]]) -> Iterator[Any]:
     """The items of (count, item) pairs; closing this closes ``counted`` (its lease goes at once)."""
     try:
@@ -234,6 +213,17 @@ class Reader:
             self.source.run = run
         self.pending: ResumeState | None = None  # loaded by load_state, used by the next read of its epoch
         self._takes = 0
+        self._pool: BufferPool | None = None
+
+    def buffers(self) -> BufferPool:
+        """The reused output buffers of this process's columnar batches (``samplecache.bufferpool``: a buffer
+        is written again only once no array of its batch is held)."""
+        if self._pool is None:
+            self._pool = BufferPool()
+        return self._pool
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}  # a copy (a worker, another process) makes its own
 
     # -- epochs -----------------------------------------------------------------------------------------------
     @property
@@ -324,10 +314,8 @@ class Reader:
         if batch is not None:
             b, copiers = int(batch.batch_size), batch.copy_threads or default_threads()
             unit = int(unit or b)
-            make = gather or (lambda p, i, r, u: gather_batches(p, i, r, b, copiers, batch.masks))
-            groups = batch_groups(plan, stream, start, b, unit, batch.drop_last)
-            items = prefetched((x for i, r, u in groups for x in make(plan, i, r, u)),
-                               ahead(batch.prefetch, b * plan.sample_bytes))
+            make = gather or (lambda p, i, r, u: gather_batches(p, i, r, b, copiers, batch.masks, self.buffers().alloc))
+            items = batch_items(plan, stream, start, b, unit, batch.drop_last, make, batch.prefetch, copiers)
         else:
             items = self._sample_items(plan, stream, start, prefetch, threads or default_threads())
         holder = f"rank {pos.rank} worker {pos.worker}"

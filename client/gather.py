@@ -10,6 +10,7 @@ batches are copied by the caller alone (handing work to a thread costs ~50 us).
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
@@ -18,6 +19,13 @@ import numpy as np
 PARALLEL_MIN_BYTES = 2 << 20  # a batch smaller than this is copied by the calling thread alone
 MAX_THREADS = 4
 _POOL: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked child makes its own
+_HERE = threading.local()  # .inline: this thread copies alone (it is one of several reading at once)
+
+
+def copy_inline() -> None:
+    """Make ``copy_all`` copy on the calling thread alone from now on (a read-ahead thread: the parallelism is
+    elsewhere)."""
+    _HERE.inline = True
 
 
 def default_threads() -> int:
@@ -45,14 +53,18 @@ def _run(jobs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
 def copy_all(jobs: Sequence[tuple[np.ndarray, np.ndarray]], threads: int = 1) -> None:
     """``np.copyto(dst, src)`` for every pair, split over up to ``threads`` threads when worth it."""
     n = len(jobs)
-    threads = min(threads, n, MAX_THREADS)
+    threads = 1 if getattr(_HERE, "inline", False) else min(threads, n, MAX_THREADS)
     if threads <= 1 or sum(d.nbytes for d, _ in jobs) < PARALLEL_MIN_BYTES:
         _run(jobs)
         return
     cuts = [n * k // threads for k in range(threads + 1)]
-    futures = [_pool().submit(_run, jobs[cuts[k]:cuts[k + 1]]) for k in range(1, threads)]
+    parts = [jobs[cuts[k]:cuts[k + 1]] for k in range(1, threads)]
+    futures = [_pool().submit(_run, part) for part in parts]
     try:
         _run(jobs[cuts[0]:cuts[1]])
     finally:
-        for f in futures:
-            f.result()  # waits for every part (and raises its error) before the batch is handed out
+        for f, part in zip(futures, parts):  # a part no thread has started yet is copied here: no waiting for a core
+            if f.cancel():
+                _run(part)
+            else:
+                f.result()  # waits for every part (and raises its error) before the batch is handed out
