@@ -48,9 +48,9 @@ if TYPE_CHECKING:
 DIM, CLASSES, HIDDEN, BATCH, LR = 16, 4, 256, 256, 1e-3
 MODES = {"a": "full (local memory)", "b": "samplecache (25% budget, rolling)", "c": "fixed 25% subset"}
 FULL = dict(samples=120_000, val=20_000, steps=4_000, eval_every=100, row_group=1_000, files=12, flip=0.2,
-            budget=0.25, min_samples=2_000, lease_ttl=2.0, workers=1)
+            budget=0.25, min_samples=2_000, lease_ttl=2.0, workers=1, step_ms=40)
 QUICK = dict(samples=24_000, val=4_000, steps=800, eval_every=100, row_group=400, files=4, flip=0.2,
-             budget=0.25, min_samples=800, lease_ttl=1.0, workers=1)
+             budget=0.25, min_samples=800, lease_ttl=1.0, workers=1, step_ms=0)
 
 
 # ----------------------------------------------------------------------------- the task
@@ -121,7 +121,7 @@ class Clock:
     """Seconds blocked in the data iterator's next() and seconds of compute (forward, backward, step)."""
 
     def __init__(self) -> None:
-        self.wait = self.compute = 0.0
+        self.wait = self.compute = self.padded = 0.0
 
 
 def local_batches(x: torch.Tensor, y: torch.Tensor, seed: int) -> Iterator[dict[str, torch.Tensor]]:
@@ -134,8 +134,9 @@ def local_batches(x: torch.Tensor, y: torch.Tensor, seed: int) -> Iterator[dict[
 
 
 def train(batches: Iterator[dict[str, torch.Tensor]], cfg: dict[str, Any], seed: int,
-          val: tuple[torch.Tensor, torch.Tensor], on_batch: Callable[[dict[str, Any]], None] | None = None
-          ) -> dict[str, Any]:
+          val: tuple[torch.Tensor, torch.Tensor], on_batch: Callable[[dict[str, Any]], None] | None = None,
+          step_s: float = 0.0) -> dict[str, Any]:
+    """``step_s``: every step padded (sleeping) to last at least this long, as a larger model's would."""
     torch.manual_seed(seed)
     net, loss_fn = model(), nn.CrossEntropyLoss()
     opt = torch.optim.Adam(net.parameters(), lr=LR)
@@ -151,14 +152,18 @@ def train(batches: Iterator[dict[str, torch.Tensor]], cfg: dict[str, Any], seed:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        clock.compute += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        clock.compute += t2 - t1
+        if t2 - t < step_s:
+            time.sleep(step_s - (t2 - t))
+            clock.padded += time.perf_counter() - t2
         if step % cfg["eval_every"] == 0 or step == cfg["steps"]:
             with torch.no_grad():
                 acc = float((net(val[0]).argmax(1) == val[1]).float().mean())
             history.append([step, acc])
     accs = [a for _, a in history]
     return {"seed": seed, "final": accs[-1], "best": max(accs), "history": history, "wait_s": clock.wait,
-            "compute_s": clock.compute, "wall_s": time.perf_counter() - t0}
+            "compute_s": clock.compute, "padded_s": clock.padded, "wall_s": time.perf_counter() - t0}
 
 
 class CacheFeed:
@@ -172,6 +177,7 @@ class CacheFeed:
         self.loader = SampleCacheLoader(self.ds, batch_size=BATCH, num_workers=workers,
                                         persistent_workers=workers > 0)
         self.seen = np.zeros(len(self.y), bool)
+        self.visits = np.zeros(len(self.y), np.int32)  # epochs each sample was trained in
         self.epochs: list[dict[str, Any]] = []
         self.bad = self.steps = 0
         self.wait = 0.0  # seconds in the loader's next() (and iter(): the epoch's manifest and lease)
@@ -206,6 +212,7 @@ class CacheFeed:
         i = ids[ok]
         self.bad += int((~(self.x[i] == x[ok]).all(1)).sum() + (self.y[i] != y[ok]).sum())
         self.seen[i] = True
+        self.visits[i] += 1  # ids are unique within an epoch (checked), so this counts epochs
 
     def note(self, rec: dict[str, Any], ids: list[np.ndarray], complete: bool) -> None:
         if not complete and self.steps % 50:
@@ -235,12 +242,13 @@ def run_cache(s3: "S3Server", source: str, work: Path, budget: int, cfg: dict[st
     try:
         feed = CacheFeed(d.url, seed, truth, cfg["min_samples"], cfg["workers"])
         try:
-            out = train(iter(feed), cfg, seed, val)
+            out = train(iter(feed), cfg, seed, val, step_s=cfg["step_ms"] / 1000)
         finally:
             feed.close()
         st = status(d.url)
         out.update(wait_with_checks_s=out["wait_s"], wait_s=feed.wait, epochs=feed.epochs, bad_samples=feed.bad, duplicate_samples=sum(e["samples"] - e["unique"] for e in feed.epochs),
                    seen_fraction=float(feed.seen.mean()), evictions=st["evictions"],
+                   epochs_per_sample=np.bincount(feed.visits).tolist(),  # [k]: samples trained in k epochs
                    daemon_coverage=st.get("coverage"), cache_bytes=st["bytes"], max_bytes=st["max_bytes"],
                    remote_bytes_read=st["remote"]["bytes_read"])
         return out
@@ -255,7 +263,9 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         v = [r[key] for r in runs]
         return [statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0]
     return {"final": ms("final"), "best": ms("best"), "wait_s": ms("wait_s"), "compute_s": ms("compute_s"),
-            "wait_fraction": statistics.fmean(r["wait_s"] / (r["wait_s"] + r["compute_s"]) for r in runs)}
+            "padded_s": ms("padded_s"),
+            "wait_fraction": statistics.fmean(r["wait_s"] / (r["wait_s"] + r["compute_s"] + r["padded_s"])
+                                              for r in runs)}
 
 
 def claim(modes: dict[str, Any]) -> dict[str, Any]:
@@ -276,9 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease-ttl", type=float, help="(b)'s daemon --lease-ttl (default 2 s, --quick 1 s; see the doc)")
     p.add_argument("--replace-per-epoch", type=float, help="(b)'s daemon --replace-per-epoch (default: the daemon's)")
     p.add_argument("--workers", type=int, help="(b)'s DataLoader workers (default 1)")
+    p.add_argument("--step-ms", type=float, help="(b)'s steps padded to this many ms (default 40, --quick 0)")
     a = p.parse_args(argv)
     cfg = dict(QUICK if a.quick else FULL)
-    for key in ("steps", "lease_ttl", "replace_per_epoch", "workers"):
+    for key in ("steps", "lease_ttl", "replace_per_epoch", "workers", "step_ms"):
         if getattr(a, key) is not None:
             cfg[key] = getattr(a, key)
     seeds = a.seeds if a.seeds is not None else ([0] if a.quick else [0, 1, 2])
@@ -348,7 +359,7 @@ def table(out: dict[str, Any]) -> str:
         per = ", ".join(f"{r['final'] * 100:.2f}" for r in mode["runs"])
         lines.append(f"| ({m}) {MODES[m]} | {s['final'][0] * 100:.2f} ± {s['final'][1] * 100:.2f} | "
                      f"{s['best'][0] * 100:.2f} ± {s['best'][1] * 100:.2f} | {s['wait_fraction'] * 100:.1f}% "
-                     f"({s['wait_s'][0]:.1f} s of {s['wait_s'][0] + s['compute_s'][0]:.1f} s) | {per} |")
+                     f"({s['wait_s'][0]:.1f} s of {s['wait_s'][0] + s['compute_s'][0] + s['padded_s'][0]:.1f} s) | {per} |")
     return "\n".join(lines)
 
 
