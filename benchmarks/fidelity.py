@@ -50,7 +50,7 @@ MODES = {"a": "full (local memory)", "b": "samplecache (25% budget, rolling)", "
 FULL = dict(samples=120_000, val=20_000, steps=4_000, eval_every=100, row_group=1_000, files=12, flip=0.2,
             budget=0.25, min_samples=2_000, lease_ttl=2.0, workers=1, step_ms=40)
 QUICK = dict(samples=24_000, val=4_000, steps=800, eval_every=100, row_group=400, files=4, flip=0.2,
-             budget=0.25, min_samples=800, lease_ttl=1.0, workers=1, step_ms=0)
+             budget=0.25, min_samples=800, lease_ttl=1.0, workers=1, step_ms=10)
 
 
 # ----------------------------------------------------------------------------- the task
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease-ttl", type=float, help="(b)'s daemon --lease-ttl (default 2 s, --quick 1 s; see the doc)")
     p.add_argument("--replace-per-epoch", type=float, help="(b)'s daemon --replace-per-epoch (default: the daemon's)")
     p.add_argument("--workers", type=int, help="(b)'s DataLoader workers (default 1)")
-    p.add_argument("--step-ms", type=float, help="(b)'s steps padded to this many ms (default 40, --quick 0)")
+    p.add_argument("--step-ms", type=float, help="(b)'s steps padded to this many ms (default 40, --quick 10)")
     a = p.parse_args(argv)
     cfg = dict(QUICK if a.quick else FULL)
     for key in ("steps", "lease_ttl", "replace_per_epoch", "workers", "step_ms"):
