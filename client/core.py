@@ -79,9 +79,8 @@ class SplitOptions:
 @dataclass(frozen=True)
 class BatchOptions:
     """Columnar batches: ``masks`` adds ``<name>__valid`` bool arrays for fixed columns with nulls;
-    ``prefetch`` batches are read ahead by a thread (0: none); batches of 1 MiB and more are read ahead in groups
-    by ``copy_threads`` threads at once, the consumer's included (``samplecache.batching``; None: the usable
-    cores, at most 4)."""
+    ``prefetch`` batches are read ahead by a thread (0: none); ``copy_threads`` copy a large batch (None: the
+    usable cores, at most 4)."""
 
     batch_size: int
     drop_last: bool = False
@@ -315,7 +314,7 @@ class Reader:
             b, copiers = int(batch.batch_size), batch.copy_threads or default_threads()
             unit = int(unit or b)
             make = gather or (lambda p, i, r, u: gather_batches(p, i, r, b, copiers, batch.masks, self.buffers().alloc))
-            items = batch_items(plan, stream, start, b, unit, batch.drop_last, make, batch.prefetch, copiers)
+            items = batch_items(plan, stream, start, b, unit, batch.drop_last, make, batch.prefetch)
         else:
             items = self._sample_items(plan, stream, start, prefetch, threads or default_threads())
         holder = f"rank {pos.rank} worker {pos.worker}"

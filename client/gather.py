@@ -10,7 +10,6 @@ batches are copied by the caller alone (handing work to a thread costs ~50 us).
 from __future__ import annotations
 
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
@@ -19,13 +18,6 @@ import numpy as np
 PARALLEL_MIN_BYTES = 2 << 20  # a batch smaller than this is copied by the calling thread alone
 MAX_THREADS = 4
 _POOL: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked child makes its own
-_HERE = threading.local()  # .inline: this thread copies alone (it is one of several reading at once)
-
-
-def copy_inline() -> None:
-    """Make ``copy_all`` copy on the calling thread alone from now on (a read-ahead thread: the parallelism is
-    elsewhere)."""
-    _HERE.inline = True
 
 
 def default_threads() -> int:
@@ -53,7 +45,7 @@ def _run(jobs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
 def copy_all(jobs: Sequence[tuple[np.ndarray, np.ndarray]], threads: int = 1) -> None:
     """``np.copyto(dst, src)`` for every pair, split over up to ``threads`` threads when worth it."""
     n = len(jobs)
-    threads = 1 if getattr(_HERE, "inline", False) else min(threads, n, MAX_THREADS)
+    threads = min(threads, n, MAX_THREADS)
     if threads <= 1 or sum(d.nbytes for d, _ in jobs) < PARALLEL_MIN_BYTES:
         _run(jobs)
         return
