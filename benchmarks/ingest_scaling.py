@@ -67,26 +67,26 @@ def run_scaling(counts: list[int], known: dict[int, tuple[dict[str, Any], dict[s
 
 
 def _scales(a: float, b: float, na: int, nb: int) -> bool:
-    return b / a >= 1 + GAIN * (nb / na - 1)
+    return b / a >= 1 + GAIN * (nb / na - 1) - 0.01  # 0.01: a rate shown as 1.50x for twice the samplers scales
 
 
 def why(row: dict[str, Any], raw_scaled: bool, cores: int) -> str:
+    own = row["server_cores"] + row["samplers_cores"] + row["daemon_main_cores"]
+    parts = (f"S3 server {row['server_cores']:.2f}, samplers {row['samplers_cores']:.2f}, daemon "
+             f"{row['daemon_main_cores']:.2f} (busiest thread {row['busiest_thread_cores']:.2f})")
     if row["cores_busy"] >= BUSY * cores:
-        own = row["server_cores"] + row["samplers_cores"] + row["daemon_main_cores"]
-        return (f"cores saturated: the machine busy {row['cores_busy']:.2f} of {cores} cores, {own:.2f} of them by "
-                f"this run (S3 server {row['server_cores']:.2f}, samplers {row['samplers_cores']:.2f}, daemon "
-                f"{row['daemon_main_cores']:.2f}), the rest by other work on the machine")
+        who = "nearly all by this run" if own >= 0.9 * row["cores_busy"] else "the rest by other work on the machine"
+        return f"cores saturated: the machine busy {row['cores_busy']:.2f} of {cores} cores, {own:.2f} by this run ({parts}); {who}"
     if row["daemon_main_cores"] >= BUSY or row["busiest_thread_cores"] >= BUSY:
         return (f"daemon-bound (writer): its main process busy {row['daemon_main_cores']:.2f} cores, its busiest "
                 f"thread {row['busiest_thread_cores']:.2f}; samplers occupied {100 * row['sampler_occupancy']:.0f}%")
-    if not raw_scaled:
-        return (f"server-bound: the raw read with {row['samplers']} readers stops too ({row['raw_mb_per_s']:,.0f} MB/s; "
-                f"S3 server {row['server_cores']:.2f} cores)")
-    if row["sampler_occupancy"] < 0.7:
-        return (f"daemon-bound (scheduling): samplers occupied only {100 * row['sampler_occupancy']:.0f}% of the "
-                f"time, the daemon's main process {row['daemon_main_cores']:.2f} cores")
-    return (f"not determined: cores busy {row['cores_busy']:.2f} of {cores}, samplers occupied "
-            f"{100 * row['sampler_occupancy']:.0f}%, server {row['server_cores']:.2f} cores")
+    if row["server_cores"] >= BUSY or (not raw_scaled and row["x_raw"] >= 0.8):
+        return (f"server-bound: the ingest at {row['x_raw']:.2f}x the raw read with {row['samplers']} readers "
+                f"({row['raw_mb_per_s']:,.0f} MB/s), which stops scaling too; {parts}")
+    if row["sampler_occupancy"] < 0.8:
+        return (f"daemon-bound (scheduling): the samplers wait for units {100 * (1 - row['sampler_occupancy']):.0f}% "
+                f"of the time while the machine has {cores - row['cores_busy']:.2f} cores idle; {parts}")
+    return f"not determined: the machine busy {row['cores_busy']:.2f} of {cores} cores; {parts}"
 
 
 def verdict(rows: list[dict[str, Any]], cores: int) -> str:

@@ -50,17 +50,22 @@ def test_spent_splits_daemon_main_and_samplers() -> None:
     assert got["busiest_thread"] == pytest.approx(0.4)
 
 
-def _row(n: int, mb: float, raw: float, cores: float = 1.0, daemon: float = 0.2, thread: float = 0.1) -> dict[str, float]:
-    return {"samplers": n, "mb_per_s": mb, "raw_mb_per_s": raw, "cores_busy": cores, "server_cores": 0.3,
-            "samplers_cores": 0.5, "daemon_main_cores": daemon, "busiest_thread_cores": thread,
-            "sampler_occupancy": 0.95}
+def _row(n: int, mb: float, raw: float, cores: float = 1.0, daemon: float = 0.2, thread: float = 0.1,
+         occupied: float = 0.95) -> dict[str, float]:
+    return {"samplers": n, "mb_per_s": mb, "raw_mb_per_s": raw, "x_raw": mb / raw, "cores_busy": cores,
+            "server_cores": 0.3, "samplers_cores": 0.5, "daemon_main_cores": daemon, "busiest_thread_cores": thread,
+            "sampler_occupancy": occupied}
 
 
 def test_scaling_verdict_names_the_limit() -> None:
     assert verdict([_row(1, 100, 200), _row(2, 190, 390)], cores=16).startswith("scales through 2")
+    assert verdict([_row(1, 100, 200), _row(2, 149.6, 390)], cores=16).startswith("scales through 2")  # "1.50x"
     assert "cores saturated" in verdict([_row(1, 100, 200), _row(2, 110, 390, cores=1.7)], cores=2)
     assert "daemon-bound (writer)" in verdict([_row(1, 100, 200), _row(2, 110, 390, daemon=0.95)], cores=16)
-    assert "server-bound" in verdict([_row(1, 100, 200), _row(2, 110, 210)], cores=16)
+    assert "server-bound" in verdict([_row(1, 100, 110), _row(2, 110, 120)], cores=16)
+    # the raw read stops too, but the ingest is far below it: not the server; samplers waiting for units
+    assert "daemon-bound (scheduling)" in verdict([_row(1, 100, 200), _row(2, 110, 210, occupied=0.7)], cores=16)
+    assert "not determined" in verdict([_row(1, 100, 200), _row(2, 110, 210)], cores=16)
 
 
 def test_missing_s3fs_is_named_with_its_install_command(tmp_path: Path) -> None:
