@@ -110,11 +110,11 @@ class DaemonCollector:
         yield _counter("lmdb_commits", "LMDB write transactions committed since start", d.writer.commits)
         yield _counter("remote_read_bytes", "Bytes read from the remote since start (sampled units and footers)",
                        d.traffic.total())
-        amp = d.traffic.amplification()
+        fetched, needed = d.traffic.sampler_totals()
         yield _counter("remote_sampler_bytes", "Bytes the samplers fetched from the remote (column chunks and "
-                       "footers)", amp["sampler_bytes"])
+                       "footers)", fetched)
         yield _counter("remote_needed_bytes", "Bytes of the column chunks the sampled units needed; "
-                       "remote_sampler_bytes over it is the read amplification", amp["needed_bytes"])
+                       "remote_sampler_bytes over it is the read amplification", needed)
         yield _gauge("pacing_allowance_bytes", "Bytes the pacer lets the samplers cache before the next epoch",
                      int(d.traffic.pacer.allowance))
 

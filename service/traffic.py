@@ -24,10 +24,14 @@ class Traffic:
         """Bytes fetched from the remote since start: sampled units and footers."""
         return self._units + self._discovery_bytes()
 
+    def sampler_totals(self) -> tuple[int, int]:
+        """(bytes the samplers fetched, bytes of the column chunks their units needed), since start."""
+        with self._lock:
+            return self._units, self._needed
+
     def amplification(self) -> dict[str, int | float | None]:
         """What the samplers fetched against the column-chunk bytes their units needed."""
-        with self._lock:
-            fetched, needed = self._units, self._needed
+        fetched, needed = self.sampler_totals()
         return {"sampler_bytes": fetched, "needed_bytes": needed,
                 "read_amplification": round(fetched / needed, 4) if needed else None}
 
