@@ -12,7 +12,7 @@ Targets (from the issue):
 Caches are built WITHOUT the remote and without a daemon (``benchmarks.scale_cache``): the benchmark opens the
 LMDB environment with ``samplecache.service.writer.open_env``, builds a ``Catalog``
 and a ``Writer`` in-process and submits write transactions of many shards each
-(``--per-txn``, default 1000): every block encoded with ``samplecache.record.encode_block``
+(``--per-txn``, default 1000): every block encoded with ``samplecache.blockenc.encode_block``
 under a schema from ``samplecache.service.encoder.infer_schema``, shard JSON from
 ``catalog.Shard``, and the meta keys ``format``, ``source``, ``schema``, ``next_shard``
 plus a ``files`` entry per source file whose row groups are exactly the cached

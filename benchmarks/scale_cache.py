@@ -2,7 +2,7 @@
 
 The LMDB environment is opened with ``samplecache.service.writer.open_env``; a ``Catalog`` and a ``Writer``
 in-process take write transactions of many shards each (``CacheSpec.per_txn``): every block encoded with
-``samplecache.record.encode_block`` under a schema from ``samplecache.service.encoder.infer_schema``, shard
+``samplecache.blockenc.encode_block`` under a schema from ``samplecache.service.encoder.infer_schema``, shard
 JSON from ``catalog.Shard``, and the meta keys ``format``, ``source``, ``schema``, ``next_shard`` plus a
 ``files`` entry per source file whose row groups are exactly the cached shards. The source is a real local
 Parquet directory of tiny files with the same Arrow schema (``file://``), so the real daemon starts on the
@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from samplecache.record import FORMAT_VERSION, ColumnData, encode_block, record_key
+from samplecache.blockenc import ColumnData, encode_block
+from samplecache.record import FORMAT_VERSION, record_key
 from samplecache.service.cachedir import map_size_for
 from samplecache.service.catalog import Catalog, Shard, u64
 from samplecache.service.encoder import infer_schema

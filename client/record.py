@@ -156,14 +156,6 @@ class Schema:
         raise KeyError(f"no column {name!r}; columns are {self.names}")
 
 
-def __getattr__(name: str) -> Any:
-    """The encoder (``ColumnData``, ``encode_block``, ``encode_pieces``) lives in ``samplecache.blockenc``."""
-    if name in ("ColumnData", "encode_block", "encode_pieces"):
-        from samplecache import blockenc
-        return getattr(blockenc, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # --- keys ------------------------------------------------------------------------
 
 def record_key(shard_id: int, block: int) -> bytes:

@@ -12,18 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from samplecache.blockenc import ColumnData, encode_block
 from samplecache.record import (
     ALIGN,
     FORMAT_VERSION,
     MAGIC,
     BlockView,
     Column,
-    ColumnData,
     FormatError,
     Schema,
     block_checksum,
     decode_rows,
-    encode_block,
     parse_key,
     record_key,
     shard_prefix,
