@@ -3,6 +3,7 @@
     python -m benchmarks.ingest [--large-mb 200] [--small-mb 200] [--samplers 2] [--passes 2]
                                 [--scaling auto|none|1,2,4] [--oversubscribe] [--json out.json] [--quick]
                                 [--workdir DIR] [--py-spy] [--no-variants] [--datasets large,small]
+                                [--rolling SECONDS]
 
 Targets (issue 14): ingest CPU per MB <= 1.5x the raw read's, for both row sizes; read amplification <= 1.1x;
 the ingest rate for 1, 2, 4, ... samplers, and where it stops scaling and why.
@@ -21,7 +22,11 @@ c. CPU per MB both ways (``ingest_cpu.py``): the machine's busy time, and that o
    bytes (and the daemon's own ``remote.read_amplification``);
 d. scaling (``ingest_scaling.py``): b. and a. again for every other sampler count of ``--scaling``, and where
    the rate stops scaling and why (cores saturated, by this run or by other work; daemon-bound; server-bound);
-e. where a sampler's time goes (``ingest_stages.py``): a stage profile, read variants and a cProfile.
+e. the steady state (``ingest_rolling.py``, ``--rolling`` seconds): the daemon with a budget of half the data and
+   ``--pacing off``, CPU per MB over a window once the full cache evicts as it ingests (the regime of a training
+   host after its first epochs), against the same raw read; and the page-cache tax of this machine (the kernel
+   CPU of writing into pages the guest has not touched lately, which a growing cache pays and a full one not);
+f. where a sampler's time goes (``ingest_stages.py``): a stage profile, read variants and a cProfile.
 
 MB = 10**6 bytes (of Parquet column chunks). The exit code is 1 when any verification failed; without s3fs or
 the ``weed`` binary the run says which and how to install it and measures nothing.
@@ -47,6 +52,7 @@ from .ingest_daemon import ingest_run
 from .ingest_data import BUCKET, make_specs, part_truth, upload_truth
 from .ingest_raw import raw_series
 from .ingest_report import AMP_TARGET, CPU_TARGET, report
+from .ingest_rolling import page_cache_tax, rolling_run
 from .ingest_scaling import parse_counts, run_scaling
 from .ingest_stages import cprofile_unit, guarded, read_variants, stage_profile
 
@@ -97,6 +103,9 @@ def run_dataset(spec: Spec, s3: Any, root: Path, a: argparse.Namespace, counts: 
     log(f"{spec.name}: a sampler's start-up: {startup:.2f} CPU s ({probe['how']}; left out of the ingest's CPU)")
     raws = raw_series(opts, truth["ranges"], a.samplers, s3.pid, a.passes)
     log(f"{spec.name}: raw s3fs, {a.samplers} readers: {[round(r['mb_per_s']) for r in raws]} MB/s")
+    dec = raw_series(opts, truth["ranges"], a.samplers, s3.pid, 1, decode=True)[0]
+    log(f"{spec.name}: fetch + decode, {a.samplers} readers: {dec['mb_per_s']:.0f} MB/s, "
+        f"{dec['proc_cpu_ms_per_mb']:.2f} ms/MB")
     ing = ingest_run(spec, truth, s3, root, a.samplers, a.py_spy, startup)
     log(f"{spec.name}: daemon: /healthz {ing['healthz_s']:.1f}s, all samples at {ing['done_s']:.1f}s: "
         f"{ing['mb_per_s']:.0f} MB/s after /healthz, verified {ing['verified']}, "
@@ -105,6 +114,9 @@ def run_dataset(spec: Spec, s3: Any, root: Path, a: argparse.Namespace, counts: 
     raw_all = raws + [after]
     res.update(raw=raws, raw_after=after, raw_mb_per_s=statistics.median(r["mb_per_s"] for r in raw_all),
                ingest=ing, cpu=cpu_summary(raw_all, ing, probe))
+    res["cpu"]["decode"] = {"processes_ms_per_mb": dec["proc_cpu_ms_per_mb"], "machine_ms_per_mb": dec["cpu_ms_per_mb"],
+                            "mb_per_s": dec["mb_per_s"], "server": 1000 * dec["server_cpu_s"] / (dec["bytes"] / MB),
+                            "readers": 1000 * dec["readers_cpu_s"] / (dec["bytes"] / MB)}
     res["ratio"] = ing["mb_per_s"] / res["raw_mb_per_s"]
     part = part_truth(truth, s3.fs()) if a.differential else None
     if part is not None:
@@ -124,6 +136,18 @@ def run_dataset(spec: Spec, s3: Any, root: Path, a: argparse.Namespace, counts: 
         res["scaling"] = run_scaling(counts, {a.samplers: (after, ing)}, measure)
         verified = verified and all(w["verified"] for w in res["scaling"]["rows"])
         log(f"{spec.name}: {res['scaling']['verdict']}")
+    if a.rolling > 0:
+        roll = res["rolling"] = guarded(rolling_run, spec, truth, s3, root, a.samplers, a.rolling, startup,
+                                               ing["status"]["bytes"])
+        if "error" not in roll:
+            roll["ratio"] = roll["proc_cpu_ms_per_mb"] / res["cpu"]["processes"]["raw_ms_per_mb"]
+            roll["machine_ratio"] = roll["cpu_ms_per_mb"] / res["cpu"]["machine"]["raw_ms_per_mb"]
+            roll["target_ok"] = roll["ratio"] <= CPU_TARGET
+            roll["decode_ratio"] = roll["proc_cpu_ms_per_mb"] / res["cpu"]["decode"]["processes_ms_per_mb"]
+            log(f"{spec.name}: steady state (full cache, rolling): {roll['proc_cpu_ms_per_mb']:.2f} ms/MB = "
+                f"{roll['ratio']:.2f}x raw, {roll['mb_per_s']:.0f} MB/s over {roll['seconds']:.0f} s")
+        else:
+            log(f"{spec.name}: steady state not measured: {roll['error']}")
     with tempfile.TemporaryDirectory(dir=root) as scratch:
         res["stages"] = guarded(stage_profile, truth, s3, Path(scratch), a.profile_units)
         if not a.no_variants:
@@ -151,10 +175,14 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Spec], 
     p.add_argument("--no-variants", action="store_true", help="skip the read variants")
     p.add_argument("--py-spy", action="store_true", help="sample the daemon and its samplers with py-spy")
     p.add_argument("--datasets", default="large,small", help="comma-separated subset of large,small")
+    p.add_argument("--rolling", type=float, default=None,
+                   help="seconds of the steady-state window (a full cache evicting as it ingests; default 10, "
+                        "--quick 0 = not run); needs 20 row groups or more, 34 for a budget of half the data (--large-mb 600, --small-mb 360)")
     a = p.parse_args(argv)
     specs = make_specs(a.large_mb if a.large_mb is not None else (25 if a.quick else 200),
                        a.small_mb if a.small_mb is not None else (12 if a.quick else 200), a.quick)
     names = subset(p, "--datasets", a.datasets, list(specs))
+    a.rolling = a.rolling if a.rolling is not None else (0.0 if a.quick else 10.0)
     a.passes = a.passes if a.passes is not None else (1 if a.quick else 2)
     a.differential = (not a.quick) if a.differential is None else a.differential
     a.profile_units = a.profile_units if a.profile_units is not None else (2 if a.quick else 6)
@@ -184,13 +212,15 @@ def main(argv: list[str] | None = None) -> int:
             log(f"S3 server {s3.endpoint} up in {s3.startup_seconds:.1f}s")
             for name, spec in specs.items():
                 results[name] = run_dataset(spec, s3, root, a, counts)
+            if a.rolling > 0:
+                out["page_cache_tax"] = guarded(page_cache_tax, root / "tax")
     except Missing as e:  # s3fs or the weed binary: nothing here can run without them
         log(f"cannot run: {e}")
         out["missing"]["s3"] = str(e)
     out.update(seconds=time.perf_counter() - t0, datasets=results, host=host(load_start),
                verified=bool(results) and all(r["verified"] for r in results.values()))
     print()
-    print(report(results, a.samplers))
+    print(report(results, a.samplers, out.get("page_cache_tax")))
     for name, r in results.items():
         text = r["cprofile"] if isinstance(r["cprofile"], str) else f"not taken: {r['cprofile']['error']}"
         print(f"--- {name}: cProfile of run_task on one unit (tottime)")

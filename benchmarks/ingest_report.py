@@ -49,6 +49,15 @@ def cpu(results: dict[str, Any]) -> list[str]:
             lines.append(f"{name:<7} {way:<10} {c['raw_ms_per_mb']:>7.2f} {c['ingest_ms_per_mb']:>7.2f} "
                          f"{c['ratio']:>6.2f}  {mark(c['target_ok']):<6}  {start:>11.2f}  {parts}")
     for name, r in results.items():
+        dec = r["cpu"].get("decode")
+        if dec:
+            c = r["cpu"]["processes"]
+            lines.append(f"{name:<7} fetch + decode (the raw read's readers also decoding each row group with pyarrow, "
+                         f"one thread, as a sampler does): {dec['processes_ms_per_mb']:.2f} ms/MB "
+                         f"({dec['server']:.2f} + {dec['readers']:.2f}) = "
+                         f"{dec['processes_ms_per_mb'] / c['raw_ms_per_mb']:.2f}x raw; the ingest is "
+                         f"{c['ingest_ms_per_mb'] / dec['processes_ms_per_mb']:.2f}x it")
+    for name, r in results.items():
         m = r["cpu"].get("marginal")
         if m and "error" in m:
             lines.append(f"{name:<7} marginal: {m['error']}")
@@ -103,6 +112,38 @@ def scaling(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rolling(results: dict[str, Any], tax: dict[str, Any] | None) -> list[str]:
+    rows = {n: r["rolling"] for n, r in results.items() if "rolling" in r}
+    if not rows:
+        return []
+    lines = [f"steady state: a full cache evicting as it ingests (budget half the data, --pacing off), CPU per MB "
+             f"over the window against the same raw read; target <= {CPU_TARGET}x",
+             f"{'dataset':<7} {'budget MB':>9} {'window s':>8} {'MB':>6} {'MB/s':>6} {'ms/MB':>6} {'x raw':>6}  target  "
+             f"{'machine':>7} {'x raw':>6} {'x f+d':>6}  {'server + daemon + samplers':>27}  {'data.mdb MB':>13} {'evicted':>7} "
+             f"{'occupied':>8}"]
+    for name, w in rows.items():
+        if "error" in w:
+            lines.append(f"{name:<7} not measured: {w['error']}")
+            continue
+        p, (s0, s1) = w["parts"], w["data_file_mb"]
+        lines.append(f"{name:<7} {w['budget'] / MB:>9,.0f} {w['seconds']:>8.1f} {w['mb']:>6,.0f} {w['mb_per_s']:>6,.0f} "
+                     f"{w['proc_cpu_ms_per_mb']:>6.2f} {w['ratio']:>6.2f}  {mark(w['target_ok']):<6}  "
+                     f"{w['cpu_ms_per_mb']:>7.2f} {w['machine_ratio']:>6.2f} {w.get('decode_ratio', 0):>6.2f}  "
+                     f"{p['server']:>9.2f} + {p['daemon_main']:.2f} + {p['samplers']:<7.2f}  "
+                     f"{s0:>6,.0f}->{s1:<6,.0f} {w['evicted_shards']:>7,.0f} {100 * w['sampler_occupancy']:>7.0f}%")
+    lines.append("the window starts once the daemon has ingested 1.5x its budget; MB = column chunks of the units "
+                 "sampled in it; x f+d = over the fetch + decode above; data.mdb = the LMDB data file at both ends of the window "
+                 "(flat: its pages reused)")
+    if tax and "error" in tax:
+        lines.append(f"page-cache tax not measured: {tax['error']}")
+    elif tax:
+        lines.append(f"page-cache tax of this machine: writing {tax['mb']:,.0f} MB into a new file costs "
+                     f"{tax['fresh_ms_per_mb']:.2f} kernel ms/MB in pages not touched lately, "
+                     f"{tax['reused_ms_per_mb']:.2f} in pages just freed: {tax['tax_ms_per_mb']:.2f} ms/MB more for "
+                     f"every MB a growing cache commits (the fill above pays it; the raw read and a full cache not)")
+    return lines + [""]
+
+
 def stages(results: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     for name, r in results.items():
@@ -132,8 +173,8 @@ def stages(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def report(results: dict[str, Any], samplers: int) -> str:
+def report(results: dict[str, Any], samplers: int, tax: dict[str, Any] | None = None) -> str:
     if not results:
         return "ingest: nothing measured (what is missing is said below)"
     return "\n".join(rates(results, samplers) + cpu(results) + amplification(results) + scaling(results)
-                     + stages(results))
+                     + rolling(results, tax) + stages(results))

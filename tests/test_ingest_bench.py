@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.ingest_cpu import Snapshot, spent, tree_cpu_s
+from benchmarks.ingest_rolling import budget_for, page_cache_tax, rolling_run
 from benchmarks.ingest_scaling import verdict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,6 +126,60 @@ def test_ingest_quick(tmp_path: Path) -> None:
         assert all(w["mb_per_s"] > 0 and w["raw_mb_per_s"] > 0 and w["cores_busy"] > 0 for w in rows), report
         assert r["scaling"]["verdict"], report
         assert r["stages"]["units"] >= 1 and r["stages"]["total_s"] > 0, f"{r['stages']}\n{report}"
+        dec = r["cpu"]["decode"]  # the readers decoding too: their own CPU is more than the fetch's alone
+        assert dec["processes_ms_per_mb"] > 0 and dec["readers"] > 0 and dec["mb_per_s"] > 0, report
+        assert "rolling" not in r, report  # --quick leaves the steady state out
     for text in ("CPU ms per MB", "read amplification", "scaling", "where a sampler's time goes"):
         assert text in proc.stdout, report
     assert result["verified"] and proc.returncode == 0, report
+
+
+def test_rolling_budget_is_half_the_cache_but_whole_row_groups() -> None:
+    """Half of what the dataset took in the cache, but 17 row groups at least (a unit is read whole when it is
+    at most 1/16 of the budget, as in the fill)."""
+    assert budget_for({"row_groups": 40}, 400_000_000) == 200_000_000
+    assert budget_for({"row_groups": 20}, 400_000_000) == 340_000_000  # 17 of 20 row groups of 20 MB
+
+
+def test_rolling_refuses_a_dataset_too_small_to_roll(tmp_path: Path) -> None:
+    """With 18 row groups a budget of 17 holds nearly all of it: no daemon is started, the reason is given."""
+    got = rolling_run(None, {"row_groups": 18, "row_group_bytes": 18_000_000}, None, tmp_path, 2, 5.0, 1.0,  # type: ignore[arg-type]
+                      18_000_000)
+    assert "too small to roll" in got["error"] and "20 row groups" in got["error"], got
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_page_cache_tax_measures_both_writes(tmp_path: Path) -> None:
+    got = page_cache_tax(tmp_path / "tax", idle_s=0.0)
+    assert got["mb"] > 200 and got["fresh_ms_per_mb"] > 0 and got["reused_ms_per_mb"] > 0, got
+    assert got["tax_ms_per_mb"] == pytest.approx(max(0.0, got["fresh_ms_per_mb"] - got["reused_ms_per_mb"])), got
+    assert list((tmp_path / "tax").iterdir()) == []  # its file is gone
+
+
+@pytest.mark.e2e
+def test_ingest_steady_state(tmp_path: Path) -> None:
+    """The steady state on a quick SMALL dataset of 21 row groups: a full cache evicting as it ingests, its CPU
+    per MB against the raw read and the fetch + decode, the LMDB file's size over the window, the tax line."""
+    out = tmp_path / "ingest.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ingest", "--quick", "--datasets", "small", "--small-mb", "45",
+         "--rolling", "2", "--scaling", "none", "--no-variants", "--json", str(out), "--workdir",
+         str(tmp_path / "bench-data")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0 and out.exists(), report
+    result = json.loads(out.read_text())
+    r = result["datasets"]["small"]
+    assert r["truth"]["row_groups"] >= 20 and r["verified"], report
+    w = r["rolling"]
+    assert "error" not in w, f"{w}\n{report}"
+    assert w["budget"] < r["ingest"]["status"]["bytes"] and w["evicted_shards"] > 0 and w["mb"] > 0, report
+    assert w["seconds"] >= 2 and w["mb_per_s"] == pytest.approx(w["mb"] / w["seconds"]), report
+    assert w["ratio"] == pytest.approx(w["proc_cpu_ms_per_mb"] / r["cpu"]["processes"]["raw_ms_per_mb"]), report
+    assert w["decode_ratio"] == pytest.approx(w["proc_cpu_ms_per_mb"] / r["cpu"]["decode"]["processes_ms_per_mb"]), report
+    assert w["target_ok"] == (w["ratio"] <= 1.5), report
+    assert w["proc_cpu_ms_per_mb"] == pytest.approx(sum(w["parts"].values()), rel=1e-6), report
+    assert all(v > 0 for v in w["data_file_mb"]), report
+    tax = result["page_cache_tax"]
+    assert tax["fresh_ms_per_mb"] > 0 and tax["reused_ms_per_mb"] > 0, report
+    for text in ("steady state: a full cache evicting", "page-cache tax of this machine", "fetch + decode"):
+        assert text in proc.stdout, report
