@@ -120,7 +120,7 @@ def rolling(results: dict[str, Any], tax: dict[str, Any] | None) -> list[str]:
              f"over the window against the same raw read; target <= {CPU_TARGET}x",
              f"{'dataset':<7} {'budget MB':>9} {'window s':>8} {'MB':>6} {'MB/s':>6} {'ms/MB':>6} {'x raw':>6}  target  "
              f"{'machine':>7} {'x raw':>6} {'x f+d':>6}  {'server + daemon + samplers':>27}  {'data.mdb MB':>13} {'evicted':>7} "
-             f"{'occupied':>8}"]
+             f"{'occupied':>8} {'amplif.':>7}"]
     for name, w in rows.items():
         if "error" in w:
             lines.append(f"{name:<7} not measured: {w['error']}")
@@ -130,9 +130,9 @@ def rolling(results: dict[str, Any], tax: dict[str, Any] | None) -> list[str]:
                      f"{w['proc_cpu_ms_per_mb']:>6.2f} {w['ratio']:>6.2f}  {mark(w['target_ok']):<6}  "
                      f"{w['cpu_ms_per_mb']:>7.2f} {w['machine_ratio']:>6.2f} {w.get('decode_ratio', 0):>6.2f}  "
                      f"{p['server']:>9.2f} + {p['daemon_main']:.2f} + {p['samplers']:<7.2f}  "
-                     f"{s0:>6,.0f}->{s1:<6,.0f} {w['evicted_shards']:>7,.0f} {100 * w['sampler_occupancy']:>7.0f}%")
+                     f"{s0:>6,.0f}->{s1:<6,.0f} {w['evicted_shards']:>7,.0f} {100 * w['sampler_occupancy']:>7.0f}% {w['amplification']:>7.3f}")
     lines.append("the window starts once the daemon has ingested 1.5x its budget; MB = column chunks of the units "
-                 "sampled in it; x f+d = over the fetch + decode above; data.mdb = the LMDB data file at both ends of the window "
+                 "sampled in it; x f+d = over the fetch + decode above; amplif. = fetched / needed in the window; data.mdb = the LMDB data file at both ends of the window "
                  "(flat: its pages reused)")
     if tax and "error" in tax:
         lines.append(f"page-cache tax not measured: {tax['error']}")

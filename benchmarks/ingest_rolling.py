@@ -33,9 +33,10 @@ IDLE_S = 12.0     # a freed page stays with the guest at least this long before 
 
 def budget_for(truth: dict[str, Any], cached_bytes: int) -> int:
     """Half of what the whole dataset takes in the cache (``cached_bytes``, as the fill (b) stored it), but at
-    least 17 row groups' worth (a daemon reads a whole row group into one shard when it is at most 1/16 of its
-    budget: the fill's units, read the same way)."""
-    return int(max(cached_bytes / 2, 17 * cached_bytes / max(1, truth["row_groups"])))
+    least 17 row groups as Parquet sizes them (a sampler reads a row group whole when its decoded size, the
+    footer's, is at most 1/16 of the budget; these are written uncompressed, so that is their size in the file):
+    the fill's units, read the same way, never in slices."""
+    return int(max(cached_bytes / 2, 17 * truth["row_group_bytes"] / max(1, truth["row_groups"])))
 
 
 def _metric(text: str, name: str) -> float:
@@ -49,6 +50,7 @@ def _counters(url: str) -> dict[str, float]:
     text = http_get(url + "/metrics").decode()
     return {"ingested": _metric(text, "samplecache_ingested_bytes_total"),
             "needed": _metric(text, "samplecache_remote_needed_bytes_total"),
+            "fetched": _metric(text, "samplecache_remote_sampler_bytes_total"),
             "evicted_shards": sum(float(line.split()[1]) for line in text.splitlines()
                                   if line.startswith("samplecache_evictions_total{"))}
 
@@ -59,8 +61,9 @@ def rolling_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers
     the whole dataset took in the cache."""
     budget = budget_for(truth, cached_bytes)
     if budget >= 0.9 * cached_bytes:
-        return {"error": f"the dataset ({truth['row_groups']} row groups) is too small to roll: a budget of 17 "
-                         f"row groups holds 90% of it or more; give it at least 20 row groups (34 for a budget of half)"}
+        return {"error": f"the dataset is too small to roll: reading whole row groups takes a budget of 17 of them "
+                         f"({budget / MB:,.0f} MB), and all {truth['row_groups']} take {cached_bytes / MB:,.0f} MB in "
+                         f"the cache; give it more row groups"}
     cache = root / f"cache-{spec.name}-rolling"
     shutil.rmtree(cache, ignore_errors=True)
     d = start_daemon(truth["url"] + "/", cache, samplers=samplers, max_bytes=budget, env=s3.env(),
@@ -99,6 +102,7 @@ def rolling_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers
     return {"budget": budget, "fill_s": fill_s, "seconds": snap1.at - snap0.at, "mb": mb,
             "ingested_mb": (c1["ingested"] - c0["ingested"]) / MB,
             "evicted_shards": c1["evicted_shards"] - c0["evicted_shards"], "sampler_restarts": restarts,
+            "amplification": (c1["fetched"] - c0["fetched"]) / (c1["needed"] - c0["needed"]),
             "data_file_mb": (size0 / MB, size1 / MB), "sampler_occupancy": sum(busy) / max(1, len(busy)),
             "mb_per_s": win["mb_per_s"], "proc_cpu_ms_per_mb": win["proc_cpu_ms_per_mb"],
             "cpu_ms_per_mb": win["cpu_ms_per_mb"], "cores": win["cores"],

@@ -135,17 +135,20 @@ def test_ingest_quick(tmp_path: Path) -> None:
 
 
 def test_rolling_budget_is_half_the_cache_but_whole_row_groups() -> None:
-    """Half of what the dataset took in the cache, but 17 row groups at least (a unit is read whole when it is
-    at most 1/16 of the budget, as in the fill)."""
-    assert budget_for({"row_groups": 40}, 400_000_000) == 200_000_000
-    assert budget_for({"row_groups": 20}, 400_000_000) == 340_000_000  # 17 of 20 row groups of 20 MB
+    """Half of what the dataset took in the cache, but 17 row groups as Parquet sizes them at least (a unit is
+    read whole when it is at most 1/16 of the budget, as in the fill)."""
+    assert budget_for({"row_groups": 40, "row_group_bytes": 400_000_000}, 400_000_000) == 200_000_000
+    assert budget_for({"row_groups": 20, "row_group_bytes": 400_000_000}, 400_000_000) == 340_000_000
+    # rows that take a quarter of their Parquet size in the cache (uint8 stored as INT32): the Parquet size rules
+    assert budget_for({"row_groups": 80, "row_group_bytes": 800_000_000}, 200_000_000) == 170_000_000
 
 
 def test_rolling_refuses_a_dataset_too_small_to_roll(tmp_path: Path) -> None:
-    """With 18 row groups a budget of 17 holds nearly all of it: no daemon is started, the reason is given."""
-    got = rolling_run(None, {"row_groups": 18, "row_group_bytes": 18_000_000}, None, tmp_path, 2, 5.0, 1.0,  # type: ignore[arg-type]
-                      18_000_000)
-    assert "too small to roll" in got["error"] and "20 row groups" in got["error"], got
+    """17 row groups of 10 MB in Parquet that take 2.5 MB each in the cache: a budget of 170 MB holds all 34 (85
+    MB); no daemon is started and the reason is given."""
+    got = rolling_run(None, {"row_groups": 34, "row_group_bytes": 340_000_000}, None, tmp_path, 2, 5.0, 1.0,  # type: ignore[arg-type]
+                      85_000_000)
+    assert "too small to roll" in got["error"] and "170 MB" in got["error"], got
     assert list(tmp_path.iterdir()) == []
 
 
@@ -158,17 +161,17 @@ def test_page_cache_tax_measures_both_writes(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_ingest_steady_state(tmp_path: Path) -> None:
-    """The steady state on a quick SMALL dataset of 21 row groups: a full cache evicting as it ingests, its CPU
-    per MB against the raw read and the fetch + decode, the LMDB file's size over the window, the tax line."""
+    """The steady state on a quick LARGE dataset of 40 row groups of 4 MB: a full cache evicting as it ingests,
+    its CPU per MB against the raw read and the fetch + decode, the LMDB file's size over the window, the tax."""
     out = tmp_path / "ingest.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.ingest", "--quick", "--datasets", "small", "--small-mb", "45",
+        [sys.executable, "-m", "benchmarks.ingest", "--quick", "--datasets", "large", "--large-mb", "168",
          "--rolling", "2", "--scaling", "none", "--no-variants", "--json", str(out), "--workdir",
          str(tmp_path / "bench-data")], cwd=REPO, capture_output=True, text=True, timeout=300)
     report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
     assert proc.returncode == 0 and out.exists(), report
     result = json.loads(out.read_text())
-    r = result["datasets"]["small"]
+    r = result["datasets"]["large"]
     assert r["truth"]["row_groups"] >= 20 and r["verified"], report
     w = r["rolling"]
     assert "error" not in w, f"{w}\n{report}"
@@ -179,6 +182,7 @@ def test_ingest_steady_state(tmp_path: Path) -> None:
     assert w["target_ok"] == (w["ratio"] <= 1.5), report
     assert w["proc_cpu_ms_per_mb"] == pytest.approx(sum(w["parts"].values()), rel=1e-6), report
     assert all(v > 0 for v in w["data_file_mb"]), report
+    assert 1.0 <= w["amplification"] < 1.1, report  # whole row groups, read exactly
     tax = result["page_cache_tax"]
     assert tax["fresh_ms_per_mb"] > 0 and tax["reused_ms_per_mb"] > 0, report
     for text in ("steady state: a full cache evicting", "page-cache tax of this machine", "fetch + decode"):
