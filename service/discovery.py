@@ -61,8 +61,10 @@ class Discovery:
         # before the dataset has a schema, every file is looked at again (a failed start decided nothing)
         known = self.catalog.files() if self.schema is not None else {}
         new = [p for p in paths if p not in known]
-        again = [p for p in paths if p in known and known[p].get("quarantined") and (
-            known[p].get("recheck") or (sigs.get(p) and known[p].get("signature") not in (None, sigs.get(p))))]
+        # known files looked at again: a quarantined one released by hand, and any one that changed (replaced in
+        # place: its footer, size and units are read anew, so that no sampler reads it at its old size)
+        again = [p for p in paths if p in known and (known[p].get("quarantined") and known[p].get("recheck") or (
+            sigs.get(p) and known[p].get("signature") not in (None, sigs.get(p))))]
         if not new and not again:
             return []
         seq = 1 + max((int(i.get("seq", 0)) for i in known.values()), default=0)
@@ -76,7 +78,7 @@ class Discovery:
             if old is None:
                 info["seq"] = seq
                 fresh.append(path)
-            elif info.get("quarantined"):
+            elif info.get("quarantined") and old.get("quarantined"):
                 log.warning("%s is still unreadable after it changed or was released: %s", path, info["reason"],
                             extra={"event": "quarantine_kept", "path": path, "error_class": info.get("kind")})
                 info = found[path] = dict(old, reason=info["reason"], at=info["at"], signature=sigs.get(path))
@@ -85,8 +87,12 @@ class Discovery:
                 info["seq"] = old.get("seq", seq)
                 if not old.get("row_groups") or old.get("units") not in (None, info.get("units")):
                     fresh.append(path)  # new units; any old ones are skipped as stale (planner.unit_current)
-                log.info("%s leaves quarantine (%s)", path, "released" if old.get("recheck") else "it changed",
-                         extra={"event": "quarantine_left", "path": path})
+                if old.get("quarantined"):
+                    log.info("%s leaves quarantine (%s)", path, "released" if old.get("recheck") else "it changed",
+                             extra={"event": "quarantine_left", "path": path})
+                elif not info.get("quarantined"):
+                    log.info("%s changed (%s bytes, now %s): its footer was read again", path, old.get("size"),
+                             info.get("size"), extra={"event": "file_changed", "path": path})
         self.writer.put_files(found).result()
         if self.schema is None:
             reasons = sorted({i["reason"] for i in found.values() if i.get("quarantined")})

@@ -164,6 +164,14 @@ class FsspecRemote:
             self._footers.popitem(last=False)
         return md
 
+    def current_size(self, path: str) -> int | None:
+        """The file's size now, asked of the store (no listing cache); None when it is gone or cannot be asked."""
+        try:
+            self.fs.invalidate_cache(path)
+            return int(self.fs.size(path))
+        except Exception:  # noqa: BLE001 - a question about a failure: any answer but a size is "not known"
+            return None
+
     def read_unit(self, path: str, first: int, count: int, columns: Sequence[str],
                   part_bytes: int, size: int = 0, footer: int = 0) -> Iterator[pa.Table]:
         """The rows of row groups ``[first, first + count)`` as tables of about ``part_bytes`` (decoded).

@@ -50,7 +50,7 @@ class SampleResult:
     rows: int = 0
     bytes: int = 0
     seconds: float = 0.0
-    error_kind: str | None = None  # 'unreachable' | 'transient' | 'corrupt'
+    error_kind: str | None = None  # remote.classify_error's kinds, or 'changed' (the file replaced since it was listed)
     error: str | None = None
     remote_bytes: int = 0          # bytes fetched from the remote store for this task
     needed_bytes: int = 0          # bytes of the column chunks the unit needs (remote_bytes / this: read amplification)
@@ -111,8 +111,13 @@ def run_task(task: SampleTask) -> SampleResult:
     except Exception as e:  # every failure is a value; the supervisor decides what to do
         for staged, _ in locals().get("parts", []):
             Path(staged).unlink(missing_ok=True)  # the unit is sampled again whole: no part of it stays staged
-        return SampleResult(task=task, ok=False, error_kind=classify_error(e),
-                            error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0,
+        kind, error = classify_error(e), f"{type(e).__name__}: {e}"
+        if kind == "corrupt" and remote is not None and task.file_size:
+            now = remote.current_size(task.path)  # unparsable at the listed size: was the file replaced since?
+            if now != task.file_size:
+                kind, error = "changed", (f"the file changed since it was listed ({task.file_size} bytes, now "
+                                          f"{'gone' if now is None else now}): {error}")
+        return SampleResult(task=task, ok=False, error_kind=kind, error=error, seconds=time.perf_counter() - t0,
                             remote_bytes=remote.bytes_read - before if remote is not None else 0)
 
 

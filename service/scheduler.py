@@ -61,11 +61,9 @@ class Scheduler:
         self._attempts: dict[tuple[str, int], int] = collections.defaultdict(int)  # failures in a row per unit
         self._corrupt: dict[tuple[str, int], int] = collections.defaultdict(int)  # unparsable reads in a row per unit
         self._deferred: list[tuple[float, Pick]] = []  # units waiting out their backoff
-        self._backoff_until = 0.0
-        self._held_retry_at = 0.0
+        self._backoff_until = self._held_retry_at = self._next_discovery = 0.0
         self._retrying = 0  # held results re-submitted and not answered yet
         self._ingesting = 0  # bytes of shards sampled and on their way to the writer
-        self._next_discovery = 0.0
         self._held: collections.deque[SampleResult] = collections.deque()  # staged, waiting for room
         self.ingests: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=4096)
         self.inbox = Inbox()  # results, ingest completions and control requests, run on this thread
@@ -291,6 +289,8 @@ class Scheduler:
             self._backoff_until = time.monotonic() + self.settings.retry_seconds
             self.planner.retry(pick)
             return
+        if kind == "changed":  # replaced since it was listed: list it again now; the unit is retried as transient
+            self.discover_soon()
         unit_key = (t.path, t.row_group)
         self._attempts[unit_key] += 1
         if kind == "corrupt":

@@ -6,7 +6,10 @@ a. through 30% mid-response resets and 50 ms latency, ingest goes on; a 60 s out
 b. 40 SIGKILLs of sampler processes during ingest, a 403 AccessDenied on one file for 10 s, a file deleted and
    restored 10 s later: 0 healthy files quarantined, and coverage honest at every status sample (~0.2 s);
 c. a file of garbage bytes is quarantined with a reason; once replaced by valid Parquet it leaves quarantine by
-   itself and its rows are cached.
+   itself and its rows are cached;
+d. a healthy file replaced in place while it is sampled (longer, its chunks at other offsets) is never
+   quarantined: a sampler that cannot parse it at its listed size finds the size changed, the daemon lists the
+   source again at once and samples the file as it is now.
 
 Datasets are small (2 cores): files of a few row groups of 64 rows x 1 KiB (one ~64 KiB shard per row group),
 a budget that holds everything (so "resident" and "sampled" agree), short discovery and retry intervals. Each
@@ -43,13 +46,13 @@ KILLS = 40
 
 
 # ----------------------------------------------------------------------------------------------- data
-def parquet_file(rows: int, first_id: int) -> bytes:
+def parquet_file(rows: int, first_id: int, compression: str = "none") -> bytes:
     """Rows ``id`` = first_id.., ``x`` = 256 random float32 (1 KiB, incompressible); row groups of 64 rows."""
     x = np.random.default_rng(first_id).standard_normal(rows * ROW_FLOATS, dtype=np.float32)
     t = pa.table({"id": pa.array(np.arange(first_id, first_id + rows, dtype=np.int64)),
                   "x": pa.FixedSizeListArray.from_arrays(pa.array(x), ROW_FLOATS)})
     sink = pa.BufferOutputStream()
-    pq.write_table(t, sink, row_group_size=ROWS_PER_GROUP, compression="none", use_dictionary=False)
+    pq.write_table(t, sink, row_group_size=ROWS_PER_GROUP, compression=compression, use_dictionary=False)
     return bytes(sink.getvalue())
 
 
@@ -64,8 +67,8 @@ class Dataset:
         for i in range(files):
             self.put(f"part-{i:05d}.parquet", i * 10000, groups)
 
-    def put(self, name: str, first_id: int, groups: int) -> None:
-        self.raw[name] = parquet_file(groups * ROWS_PER_GROUP, first_id)
+    def put(self, name: str, first_id: int, groups: int, compression: str = "none") -> None:
+        self.raw[name] = parquet_file(groups * ROWS_PER_GROUP, first_id, compression)
         self.first_id[name] = first_id
         self.file_rows[name] = groups * ROWS_PER_GROUP
         self.fs.pipe(f"{self.prefix}/{name}", self.raw[name])
@@ -330,3 +333,36 @@ def test_a_corrupt_file_is_quarantined_until_it_is_replaced(s3: Any, daemon: Any
     summary = check_cache(d.cache_dir, expect_ids=data_c.expect_ids)
     assert summary.rows == data_c.rows
     assert call(d, "/healthz")[0] == 200
+
+
+# ----------------------------------------------------------------------------------------------- d
+@pytest.fixture(scope="module")
+def data_d(s3: Any, bucket: str) -> Dataset:
+    return Dataset(s3, bucket, "faults-d", files=2, groups=6)
+
+
+def test_a_file_replaced_while_it_is_sampled_is_read_anew_not_quarantined(s3: Any, daemon: Any,
+                                                                          data_d: Dataset) -> None:
+    """No listing for 300 s and ingest held to about 100 KB/s, so that units of part-00001 are still to sample
+    when it is replaced by a longer version (8 row groups, the same ids, zstd: every chunk at another offset)."""
+    d = daemon(data_d.url, samplers=1, extra=["--max-bytes", BUDGET, "--discover-interval", "300",
+                                              "--retry-seconds", "1", "--max-ingest-rate", "100KB"])
+    wait_for(lambda: 0 < status(d)["samples"] <= 3 * ROWS_PER_GROUP, 60, "the first shards resident")
+    data_d.put("part-00001.parquet", 10000, 8, compression="zstd")
+    t0, seen = time.monotonic(), set()
+
+    def all_rows() -> dict[str, Any] | None:
+        s = status(d)
+        seen.update(q["path"] for q in s["quarantined"])
+        return s if s["samples"] >= data_d.rows else None
+
+    s = wait_for(all_rows, 90, f"all {data_d.rows} rows resident after the replacement")
+    figures("d", cached_after_replace_s=f"{time.monotonic() - t0:.1f}", samples=s["samples"], rows=data_d.rows,
+            unit_failures=s["remote_errors"])
+    assert not seen, f"quarantined on the way: {seen}"
+    assert s["samples"] == data_d.rows, s["samples"]  # the new row groups, and no row twice
+    text = Path(d.log_path).read_text()
+    assert "the file changed since it was listed" in text, d.log_tail(4000)
+    assert "part-00001.parquet changed" in text, d.log_tail(4000)
+    summary = check_cache(d.cache_dir, expect_ids=data_d.expect_ids)
+    assert summary.rows == data_d.rows
