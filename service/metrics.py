@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from samplecache.service.daemon import Daemon
 
 PREFIX = "samplecache_"
-ERROR_CLASSES = ("transient", "unreachable", "corrupt", "schema", "disk")  # remote.classify_error
+ERROR_CLASSES = ("transient", "unreachable", "corrupt", "schema", "disk", "changed")  # classify_error; sampler
 EVICTION_REASONS = ("ingest", "config")  # writer.Writer.evicted
 QUARANTINE_KINDS = ("corrupt", "schema")
 SAMPLER_STATES = ("discovering", "sampling", "paused", "remote error")  # status.sampler_state
