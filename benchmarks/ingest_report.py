@@ -130,10 +130,11 @@ def rolling(results: dict[str, Any], tax: dict[str, Any] | None) -> list[str]:
                      f"{w['proc_cpu_ms_per_mb']:>6.2f} {w['ratio']:>6.2f}  {mark(w['target_ok']):<6}  "
                      f"{w['cpu_ms_per_mb']:>7.2f} {w['machine_ratio']:>6.2f} {w.get('decode_ratio', 0):>6.2f}  "
                      f"{p['server']:>9.2f} + {p['daemon_main']:.2f} + {p['samplers']:<7.2f}  "
-                     f"{s0:>6,.0f}->{s1:<6,.0f} {w['evicted_shards']:>7,.0f} {100 * w['sampler_occupancy']:>7.0f}% {w['amplification']:>7.3f}")
+                     f"{s0:>6,.0f}->{s1:<6,.0f} {w['evicted_shards']:>7,.0f} {100 * w['sampler_occupancy']:>7.0f}% "
+                     f"{w['amplification']:>7.3f}")
     lines.append("the window starts once the daemon has ingested 1.5x its budget; MB = column chunks of the units "
-                 "sampled in it; x f+d = over the fetch + decode above; amplif. = fetched / needed in the window; data.mdb = the LMDB data file at both ends of the window "
-                 "(flat: its pages reused)")
+                 "sampled in it; x f+d = over the fetch + decode above; amplif. = fetched / needed in the window; "
+                 "data.mdb = the LMDB data file at both ends of the window (flat: its pages reused)")
     if tax and "error" in tax:
         lines.append(f"page-cache tax not measured: {tax['error']}")
     elif tax:
