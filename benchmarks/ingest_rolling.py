@@ -79,6 +79,7 @@ def rolling_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers
                                    f"short of {FILL * budget / MB:,.0f} MB\n{d.log_tail()}")
             time.sleep(POLL)
         fill_s = time.monotonic() - t0
+        restarts0 = int(http_json(d.url + "/v1/status")["sampler"]["restarts"])
         size0, snap0, busy = _size(data), Snapshot.take(s3.pid, d.proc.pid), []
         while time.monotonic() - snap0.at < seconds:
             st = http_json(d.url + "/v1/status")
@@ -90,7 +91,7 @@ def rolling_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers
         stop_daemon(d)
         shutil.rmtree(cache, ignore_errors=True)
     used = spent(snap0, snap1)
-    restarts = int(st["sampler"]["restarts"])
+    restarts = int(st["sampler"]["restarts"]) - restarts0
     if restarts:  # a sampler started in the window: its start-up is not the steady state's
         used = dict(used, samplers=used["samplers"] - restarts * startup_s,
                     daemon_tree=used["daemon_tree"] - restarts * startup_s,
