@@ -19,6 +19,7 @@ test prints its figures; daemon_watch.py polls status and checks its honesty.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import random
 import signal
@@ -263,6 +264,8 @@ def test_sampler_kills_denied_and_deleted_files(s3: Any, proxy: FaultProxy, daem
                 continue
             assert log.last["samples"] < data_b.rows, (
                 f"ingest ended after {kills} kills: the kills are not spread over it (size the dataset up)")
+            with contextlib.suppress(AssertionError):  # a sampler at work, unless every unit waits out a backoff
+                wait_for(lambda: log.last["sampler"]["in_flight"] > 0, 2, "work in flight", every=0.05)
             pids = wait_for(lambda: samplers(d), 30, "a sampler process")
             busy += log.last["sampler"]["in_flight"] > 0
             os.kill(rng.choice(pids), signal.SIGKILL)
