@@ -177,7 +177,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Spec], 
     p.add_argument("--datasets", default="large,small", help="comma-separated subset of large,small")
     p.add_argument("--rolling", type=float, default=None,
                    help="seconds of the steady-state window (a full cache evicting as it ingests; default 10, "
-                        "--quick 0 = not run); needs 20 row groups or more, 34 for a budget of half the data (--large-mb 600, --small-mb 360)")
+                        "--quick 0 = not run); its budget holds 17 row groups, which must be under 90%% of the dataset "
+                        "(--large-mb 600, --small-mb 800)")
     a = p.parse_args(argv)
     specs = make_specs(a.large_mb if a.large_mb is not None else (25 if a.quick else 200),
                        a.small_mb if a.small_mb is not None else (12 if a.quick else 200), a.quick)

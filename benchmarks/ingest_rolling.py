@@ -1,4 +1,4 @@
-"""(c) The steady state: the daemon with a budget below the dataset and ``--pacing off``, so that once the cache is
+"""(e) The steady state: the daemon with a budget below the dataset and ``--pacing off``, so that once the cache is
 full every new shard evicts old ones, as on a training host after its first epochs. The CPU per MB is taken
 over a window that starts once the cache has taken in 1.5x its budget (evicting for a while: LMDB's data file
 has stopped growing and reuses the pages it frees) and lasts ``seconds``; MB are the column chunks of the units
@@ -133,7 +133,7 @@ def _write_new(path: Path, chunk: bytes, n: int) -> float:
 def page_cache_tax(directory: Path, idle_s: float = IDLE_S) -> dict[str, Any]:
     """Kernel ms per MB of writing TAX_MB into a new file after ``idle_s`` of quiet (pages the guest has not used
     lately), then at once into another (the pages the first freed): what a growing cache pays per MB on this
-    machine beyond the copy itself, which the fill (b) pays and the steady state (c) and the raw read do not."""
+    machine beyond the copy itself, which the fill (b) pays and the steady state (e) and the raw read do not."""
     chunk = os.urandom(1 << 20)
     n = int(TAX_MB * MB) >> 20
     directory.mkdir(parents=True, exist_ok=True)
