@@ -35,14 +35,15 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-import samplecache.reader as reader_mod
-from samplecache.epoch_source import CHUNK_BYTES
-from samplecache.reader import CacheReader
-from samplecache.record import Schema, block_checksum, verify_block
-from samplecache.service.catalog import Catalog
-from samplecache.service.encoder import encode_table, infer_schema
-from samplecache.service.staging import read_staged, write_staged
-from samplecache.service.writer import Writer, open_env
+import samplecache.reading.reader as reader_mod
+from samplecache.format.record import Schema, block_checksum, verify_block
+from samplecache.reading.epoch_source import CHUNK_BYTES
+from samplecache.reading.reader import CacheReader
+from samplecache_service.remote.columns import infer_schema
+from samplecache_service.sampling.encoder import encode_table
+from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.staging import read_staged, write_staged
+from samplecache_service.store.writer import Writer, open_env
 
 from .harness import MB, cli, report
 from .harness.cli import log
@@ -137,7 +138,10 @@ def build_read_cache(root: Path, samples: int, width: int, dtype: str) -> tuple[
     try:
         for k, start in enumerate(range(0, samples, per_shard)):
             n = min(per_shard, samples - start)
-            x = rng.integers(0, 256, n * width, dtype=np.uint8) if dtype == "uint8" else rng.random(n * width, np.float32)
+            if dtype == "uint8":
+                x = rng.integers(0, 256, n * width, dtype=np.uint8)
+            else:
+                x = rng.random(n * width, np.float32)
             y = rng.integers(0, 1 << 31, n, dtype=np.int64)
             t = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x, type=item), width), "y": pa.array(y)})
             schema = schema or infer_schema(t.schema)[0]
@@ -223,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['dataset']:<8}{r['verify']:<8}{r['samples_per_s']:>14,.0f}{r['mb_per_s']:>10,.1f}"
               f"{r['ratio_to_off']:>8.2f}")
-    print(f"\nhash: {hashing['block_checksum_1MiB_mb_per_s']:,.0f} MB/s; ingest: {ingest['ingest_mb_per_s']:,.0f} MB/s, "
+    print(f"\nhash: {hashing['block_checksum_1MiB_mb_per_s']:,.0f} MB/s; "
+          f"ingest: {ingest['ingest_mb_per_s']:,.0f} MB/s, "
           f"verification {100 * ingest['verify_share']:.1f}% of it ({ingest['verify_mb_per_s']:,.0f} MB/s); "
           f"median of {passes} pass(es)")
     report.write_report(a.json, {"benchmark": "checksums", "passes": passes, "hash": hashing, "ingest": ingest,

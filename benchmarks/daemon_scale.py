@@ -10,15 +10,15 @@ Targets (from the issue):
 * read rate flat (within 10%) from a 1 GB to a 16 GB cache.
 
 Caches are built WITHOUT the remote and without a daemon (``benchmarks.scale_cache``): the benchmark opens the
-LMDB environment with ``samplecache.service.writer.open_env``, builds a ``Catalog``
+LMDB environment with ``samplecache_service.store.writer.open_env``, builds a ``Catalog``
 and a ``Writer`` in-process and submits write transactions of many shards each
-(``--per-txn``, default 1000): every block encoded with ``samplecache.blockenc.encode_block``
-under a schema from ``samplecache.service.encoder.infer_schema``, shard JSON from
+(``--per-txn``, default 1000): every block encoded with ``samplecache.format.blockenc.encode_block``
+under a schema from ``samplecache_service.sampling.encoder.infer_schema``, shard JSON from
 ``catalog.Shard``, and the meta keys ``format``, ``source``, ``schema``, ``next_shard``
 plus a ``files`` entry per source file whose row groups are exactly the cached
 shards. The source is a real local Parquet directory of tiny files with the same
 Arrow schema (``file://``; the daemon lists it at start and finds no new file), so
-the real daemon (``samplecache serve``, via ``samplecache.launch.DaemonProcess``)
+the real daemon (``samplecache serve``, via ``samplecache_tools.launch.DaemonProcess``)
 starts on the cache, finds every unit of the source resident and samples nothing.
 
 Part 1, scale (``--shards`` x ``--rows`` tiny samples: ``x`` = fixed_size_list<uint8, 8>, ``y`` = int64):
@@ -60,10 +60,22 @@ from typing import Any
 
 import numpy as np
 
-from samplecache.record import BlockView, Schema, shard_prefix
+from samplecache.format.record import BlockView, Schema, shard_prefix
 
-from .harness import (MB, cli, fmt, http_get, human, log, missing, missing_report, parse_size, print_missing, report,
-                      stop_daemon)
+from .harness import (
+    MB,
+    cli,
+    fmt,
+    http_get,
+    human,
+    log,
+    missing,
+    missing_report,
+    parse_size,
+    print_missing,
+    report,
+    stop_daemon,
+)
 from .scale_cache import BENCH_FORMAT, CacheSpec, build_cache, clear_epochs, start_idle
 from .scale_load import cpu_seconds, load, memory, sequential
 from .scale_read import run_read
@@ -90,7 +102,7 @@ def verify_manifest(m: dict[str, Any], spec: CacheSpec, built: dict[str, Any]) -
 
 def verify_records(m: dict[str, Any], spec: CacheSpec, n: int = 16) -> list[str]:
     """Read ``n`` shards spread over the manifest with the client's read-only LMDB handle; check y."""
-    from samplecache.reader import open_cache
+    from samplecache.reading.reader import open_cache
 
     schema = Schema.from_json(m["schema"])
     cy = schema.index("y")
@@ -198,20 +210,25 @@ def summary(res: dict[str, Any]) -> str:
                   f"{'seal epoch 0 (first GET)':<34} {s['seal_s'] * 1e3:>11.0f} ms",
                   f"{'manifest size':<34} {s['manifest_bytes'] / MB:>11.2f} MB"]
         for name, m in mem:
-            lines.append(f"{'daemon RSS, ' + name:<34} {m['rss'] / MB:>11.0f} MB  <= 300 MB; anon {m['anon'] / MB:.0f} MB, "
-                         f"file {m['file'] / MB:.0f} MB" + ("" if name != "after the load" else f", peak {m['hwm'] / MB:.0f} MB"))
-        lines += [f"{'sampler process RSS':<34} {fmt(max(s['memory_idle']['sampler_rss'], default=None) and max(s['memory_idle']['sampler_rss']) / MB, '.0f'):>11} MB  (each, separate)",
+            peak = "" if name != "after the load" else f", peak {m['hwm'] / MB:.0f} MB"
+            lines.append(f"{'daemon RSS, ' + name:<34} {m['rss'] / MB:>11.0f} MB  <= 300 MB; "
+                         f"anon {m['anon'] / MB:.0f} MB, file {m['file'] / MB:.0f} MB{peak}")
+        sampler_rss = s["memory_idle"]["sampler_rss"]
+        sampler_mb = fmt(max(sampler_rss, default=None) and max(sampler_rss) / MB, ".0f")
+        lines += [f"{'sampler process RSS':<34} {sampler_mb:>11} MB  (each, separate)",
                   f"{'daemon CPU while idle':<34} {100 * s['idle_cpu_fraction']:>12.1f} %  of one core",
-                  f"{'GET /v1/status p50 / p99 (idle)':<34} {s['status_idle']['p50_ms']:>6.1f} / {s['status_idle']['p99_ms']:<5.1f} ms",
+                  f"{'GET /v1/status p50 / p99 (idle)':<34} {s['status_idle']['p50_ms']:>6.1f} / "
+                  f"{s['status_idle']['p99_ms']:<5.1f} ms",
                   "",
                   f"GET /v1/epochs/0 ({s['manifest_bytes'] / MB:.2f} MB each)",
                   f"{'clients':>7} {'requests':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8} "
                   f"{'req/s':>7} {'MB/s':>7} {'errors':>6}"]
         for r in (one, c):
             lines.append(f"{r['clients']:>7} {r['requests']:>8} {fmt(r.get('p50_ms'), '.1f'):>8} "
-                         f"{fmt(r.get('p95_ms'), '.1f'):>8} {fmt(r.get('p99_ms'), '.1f'):>8} {fmt(r.get('max_ms'), '.1f'):>8} "
+                         f"{fmt(r.get('p95_ms'), '.1f'):>8} {fmt(r.get('p99_ms'), '.1f'):>8} "
+                         f"{fmt(r.get('max_ms'), '.1f'):>8} "
                          f"{fmt(r['requests_per_s'], '.1f'):>7} {fmt(r['mb_per_s'], '.0f'):>7} {r['errors']:>6}")
-        lines.append(f"target: p99 <= 50 ms with 64 concurrent clients; the clients run on the same host")
+        lines.append("target: p99 <= 50 ms with 64 concurrent clients; the clients run on the same host")
         if s["problems"]:
             lines += ["", "PROBLEMS:"] + [f"  {p}" for p in s["problems"]]
     r = res.get("read")

@@ -2,10 +2,10 @@
 
     python -m benchmarks.feed [--large N] [--batch 8] [--passes 5] [--json out.json] [--workdir DIR] [--quick]
 
-Data, cache and daemon are the harness's LARGE (``benchmarks.harness``, as read_throughput's) (1 MiB float32 ``x`` + int64 ``y`` per
-sample; default 1,000 samples here, ``--quick`` 64), reused under ``--workdir``; batches of ``--batch`` (default 8,
-the suite's; batches over 32 MiB are where fresh arrays pay page faults: glibc maps them anew each time). Rows, measured in one
-run (one untimed warm-up pass, then the median of ``--passes``):
+Data, cache and daemon are the harness's LARGE (``benchmarks.harness``, as read_throughput's) (1 MiB float32
+``x`` + int64 ``y`` per sample; default 1,000 samples here, ``--quick`` 64), reused under ``--workdir``; batches
+of ``--batch`` (default 8, the suite's; batches over 32 MiB are where fresh arrays pay page faults: glibc maps
+them anew each time). Rows, measured in one run (one untimed warm-up pass, then the median of ``--passes``):
 
 * ``memcpy``          the reference: one ``np.copyto`` per batch of B x 1 MiB from a warm 256 MiB source
                       into one reused destination, the epoch's bytes in all, one thread, plus the same
@@ -27,13 +27,30 @@ MB/s over the reference's (memcpy for host rows, h2d-pinned for CUDA rows); the 
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .harness import (BENCH_FORMAT, LARGE_STRIDE, Check, Row, Spec, Tally, build_cache, cli, fmt, generate,
-                      make_specs, measure, report, serve, stop_daemon, text_table)
+from .harness import (
+    BENCH_FORMAT,
+    LARGE_STRIDE,
+    Check,
+    Row,
+    Spec,
+    Tally,
+    build_cache,
+    cli,
+    fmt,
+    generate,
+    make_specs,
+    measure,
+    report,
+    serve,
+    stop_daemon,
+    text_table,
+)
 from .harness.cli import log
 
 SOURCE_BYTES = 256 << 20  # the memcpy row's source: larger than any CPU cache
@@ -88,7 +105,7 @@ def run(spec: Spec, b: int, workdir: Path, passes: int) -> list[Row]:
     import torch
 
     from samplecache import SampleCacheDataset, SampleCacheLoader
-    from samplecache.bufferpool import BufferPool
+    from samplecache.reading.bufferpool import BufferPool
 
     root = (workdir / spec.name).resolve()
     truth = generate(spec, root, log)
@@ -104,7 +121,7 @@ def run(spec: Spec, b: int, workdir: Path, passes: int) -> list[Row]:
     ref = memcpy_pass(spec, b, src, dst, check)
     log("memcpy")
     rows.append(measure(row("memcpy", info=True, expected=vars(ref)),
-                        lambda: memcpy_pass(spec, b, src, dst, check), passes, log))
+                        partial(memcpy_pass, spec, b, src, dst, check), passes, log))
     del src
     d = serve(spec, root, manifest)
     try:

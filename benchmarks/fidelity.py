@@ -36,11 +36,11 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from samplecache import SampleCacheDataset, SampleCacheLoader
-from samplecache.launch import DaemonProcess
-
 from benchmarks import fidelity_plots
-from benchmarks.harness import cli, http_json, report as harness_report, s3_server, start_daemon, stop_daemon
+from benchmarks.harness import cli, http_json, s3_server, start_daemon, stop_daemon
+from benchmarks.harness import report as harness_report
+from samplecache import SampleCacheDataset, SampleCacheLoader
+from samplecache_tools.launch import DaemonProcess
 
 if TYPE_CHECKING:
     from tests.s3server import S3Server
@@ -246,7 +246,8 @@ def run_cache(s3: "S3Server", source: str, work: Path, budget: int, cfg: dict[st
         finally:
             feed.close()
         st = status(d.url)
-        out.update(wait_with_checks_s=out["wait_s"], wait_s=feed.wait, epochs=feed.epochs, bad_samples=feed.bad, duplicate_samples=sum(e["samples"] - e["unique"] for e in feed.epochs),
+        out.update(wait_with_checks_s=out["wait_s"], wait_s=feed.wait, epochs=feed.epochs, bad_samples=feed.bad,
+                   duplicate_samples=sum(e["samples"] - e["unique"] for e in feed.epochs),
                    seen_fraction=float(feed.seen.mean()), evictions=st["evictions"],
                    epochs_per_sample=np.bincount(feed.visits).tolist(),  # [k]: samples trained in k epochs
                    daemon_coverage=st.get("coverage"), cache_bytes=st["bytes"], max_bytes=st["max_bytes"],
@@ -306,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     val = (torch.from_numpy(vx), torch.from_numpy(vy))
     X, Y = torch.from_numpy(x), torch.from_numpy(y)
     out: dict[str, Any] = {"benchmark": "fidelity", "config": cfg, "seeds": seeds, "bayes_accuracy": 1 - cfg["flip"],
-                           "batch": BATCH, "model": f"MLP {DIM}-{HIDDEN}-{HIDDEN}-{CLASSES}, Adam lr {LR}, batch {BATCH}, 1 thread",
+                           "batch": BATCH,
+                           "model": f"MLP {DIM}-{HIDDEN}-{HIDDEN}-{CLASSES}, Adam lr {LR}, batch {BATCH}, 1 thread",
                            "modes": {m: {"name": MODES[m], "runs": []} for m in a.modes}}
     with s3_server(work) as s3:
         s3.make_bucket("fidelity")
@@ -359,7 +361,8 @@ def table(out: dict[str, Any]) -> str:
         per = ", ".join(f"{r['final'] * 100:.2f}" for r in mode["runs"])
         lines.append(f"| ({m}) {MODES[m]} | {s['final'][0] * 100:.2f} ± {s['final'][1] * 100:.2f} | "
                      f"{s['best'][0] * 100:.2f} ± {s['best'][1] * 100:.2f} | {s['wait_fraction'] * 100:.1f}% "
-                     f"({s['wait_s'][0]:.1f} s of {s['wait_s'][0] + s['compute_s'][0] + s['padded_s'][0]:.1f} s) | {per} |")
+                     f"({s['wait_s'][0]:.1f} s of "
+                     f"{s['wait_s'][0] + s['compute_s'][0] + s['padded_s'][0]:.1f} s) | {per} |")
     return "\n".join(lines)
 
 

@@ -45,8 +45,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .harness import (MB, Missing, Spec, common, host, load_note, loadavg, log, missing, parser, s3_server,
-                      s3fs_options, subset, write_report)
+from .harness import (
+    MB,
+    Missing,
+    Spec,
+    common,
+    host,
+    load_note,
+    loadavg,
+    log,
+    missing,
+    parser,
+    s3_server,
+    s3fs_options,
+    subset,
+    write_report,
+)
 from .ingest_cpu import startup_cpu_s
 from .ingest_daemon import ingest_run
 from .ingest_data import BUCKET, make_specs, part_truth, upload_truth

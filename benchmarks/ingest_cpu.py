@@ -117,15 +117,15 @@ def _startup(url: str, path: str, row_group: int, staging: str, env: Mapping[str
     (the same unit twice), or only after the imports and the first connection when run_task cannot be called."""
     try:
         os.environ.update(env)
-        importlib.import_module("samplecache.service.supervisor")  # what a sampler process imports
-        from samplecache.service.remote import FsspecRemote
+        importlib.import_module("samplecache_service.sampling.supervisor")  # what a sampler process imports
+        from samplecache_service.remote.stores import FsspecRemote
 
         remote = FsspecRemote(url, {})
         remote.fs.cat_file(path, start=0, end=8)  # s3fs, botocore, the first connection
         connected = self_cpu_s()
         try:
-            from samplecache.service.encoder import infer_schema
-            from samplecache.service.sampler import SampleTask, run_task
+            from samplecache_service.remote.columns import infer_schema
+            from samplecache_service.sampling.sampler import SampleTask, run_task
 
             schema = infer_schema(remote.file_info(path)[1])[0].to_json()
             after = []

@@ -5,8 +5,9 @@ of ``y``) as the verification.
 Start-up (process start -> ``/healthz``: imports, footer discovery, sampler spawn) is reported apart; rates and
 CPU are over the time after ``/healthz``. CPU both ways: the machine's busy time, and that of the S3 server's
 tree plus the daemon's tree (its main process, every thread, and every sampler, live or reaped) taken before the
-daemon stops, less the samplers' start-up (measured apart: ``ingest_cpu.startup_cpu_s``). Read amplification: ``remote.bytes_read`` (samplers and footers) over the column-chunk bytes of
-every row group; the daemon's own ``remote.needed_bytes`` / ``remote.read_amplification`` where it has them."""
+daemon stops, less the samplers' start-up (measured apart: ``ingest_cpu.startup_cpu_s``). Read amplification:
+``remote.bytes_read`` (samplers and footers) over the column-chunk bytes of every row group; the daemon's own
+``remote.needed_bytes`` / ``remote.read_amplification`` where it has them."""
 
 from __future__ import annotations
 
@@ -17,12 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from samplecache.launch import DaemonProcess
+from samplecache_tools.launch import DaemonProcess
 
 from .harness import MB, Spec, all_shards, fetch_epoch, find_tool, http_json, lmdb_check, start_daemon, stop_daemon
 from .ingest_cpu import Snapshot, spent
 from .ingest_spy import summarize_raw_profile
-
 
 POLL = 0.25  # /v1/status is not free for the daemon: polled 4 times a second, the times come from the shards
 
@@ -63,8 +63,8 @@ def ingest_run(spec: Spec, truth: dict[str, Any], s3: Any, root: Path, samplers:
     res: dict[str, Any] = {"samplers": samplers}
     spy_proc, prof = None, root / f"py-spy-{spec.name}.txt"
     t0, t0_wall = time.monotonic(), time.time()
-    d = start_daemon(truth.get("source", truth["url"] + "/"), cache, samplers=samplers, max_bytes=max_bytes, env=s3.env(), ready=False,
-                     log_path=root / f"daemon-{tag}.log", log_level="info")
+    d = start_daemon(truth.get("source", truth["url"] + "/"), cache, samplers=samplers, max_bytes=max_bytes,
+                     env=s3.env(), ready=False, log_path=root / f"daemon-{tag}.log", log_level="info")
     try:
         d.wait_ready(timeout=300)
         res["healthz_s"] = time.time() - t0_wall

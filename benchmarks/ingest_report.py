@@ -30,8 +30,9 @@ def rates(results: dict[str, Any], samplers: int) -> list[str]:
                      f"{i['ingest_s']:>9.1f} {i['mb_per_s']:>7,.0f} {r['ratio']:>6.2f} "
                      f"{fmt(i.get('steady_mb_per_s'), ',.0f'):>7} {i['lmdb_mb_per_s']:>10,.0f}  "
                      f"{'yes' if r['verified'] else 'NO'}")
-    return lines + ["'start s' = process start -> /healthz (excluded from MB/s); '1st s' = process start -> first shard "
-                    "resident; 'steady' = over the span of the shards' commit stamps", ""]
+    return lines + ["'start s' = process start -> /healthz (excluded from MB/s); "
+                    "'1st s' = process start -> first shard resident; "
+                    "'steady' = over the span of the shards' commit stamps", ""]
 
 
 def cpu(results: dict[str, Any]) -> list[str]:
@@ -79,10 +80,14 @@ def cpu(results: dict[str, Any]) -> list[str]:
 def amplification(results: dict[str, Any]) -> list[str]:
     lines = [f"read amplification: bytes fetched from S3 (units + footers) per byte of column chunks needed; "
              f"target <= {AMP_TARGET}x",
-             f"{'dataset':<7} {'fetched MB':>11} {'needed MB':>10} {'footers MB':>11} {'ratio':>6}  target  daemon's own"]
+             f"{'dataset':<7} {'fetched MB':>11} {'needed MB':>10} {'footers MB':>11} {'ratio':>6}  "
+             "target  daemon's own"]
     for name, r in results.items():
         a = r["ingest"]["amplification"]
-        own = "not reported" if a["daemon_ratio"] is None else f"{a['daemon_ratio']:.3f} (needed {a['daemon_needed_bytes'] / MB:,.1f} MB)"
+        if a["daemon_ratio"] is None:
+            own = "not reported"
+        else:
+            own = f"{a['daemon_ratio']:.3f} (needed {a['daemon_needed_bytes'] / MB:,.1f} MB)"
         lines.append(f"{name:<7} {a['bytes_read'] / MB:>11,.1f} {a['needed_bytes'] / MB:>10,.1f} "
                      f"{a['footer_bytes'] / MB:>11,.2f} {a['ratio']:>6.3f}  {mark(a['target_ok']):<6}  {own}")
     return lines + [""]
@@ -103,12 +108,14 @@ def scaling(results: dict[str, Any]) -> list[str]:
             lines.append(f"{w['samplers']:>8} {w['raw_mb_per_s']:>9,.0f} {w['raw_proc_cpu_ms_per_mb']:>10.2f} "
                          f"{w['mb_per_s']:>7,.0f} {w['x_raw']:>6.2f} {w['proc_cpu_ms_per_mb']:>7.2f} "
                          f"{w['cpu_ms_per_mb']:>8.2f} {w['cores_busy']:>6.2f} {w['server_cores']:>7.2f} "
-                         f"{w['daemon_main_cores']:>7.2f} {w['busiest_thread_cores']:>7.2f} {w['samplers_cores']:>9.2f} "
+                         f"{w['daemon_main_cores']:>7.2f} {w['busiest_thread_cores']:>7.2f} "
+                         f"{w['samplers_cores']:>9.2f} "
                          f"{100 * w['sampler_occupancy']:>8.0f}%  {'yes' if w['verified'] else 'NO'}{over}")
         lines += [f"  {sc['verdict']}",
-                  "  MB/s and cores from the first shard resident to the last (samplers warm); ms/MB = processes' CPU (start-up left out), machine = /proc/stat; cores = machine cores busy; server, daemon (main "
-                  "process), thread (its busiest), samplers = cores each kept busy; occupied = units in flight / "
-                  "samplers", ""]
+                  "  MB/s and cores from the first shard resident to the last (samplers warm); "
+                  "ms/MB = processes' CPU (start-up left out), machine = /proc/stat; cores = machine cores busy; "
+                  "server, daemon (main process), thread (its busiest), samplers = cores each kept busy; "
+                  "occupied = units in flight / samplers", ""]
     return lines
 
 
@@ -118,15 +125,16 @@ def rolling(results: dict[str, Any], tax: dict[str, Any] | None) -> list[str]:
         return []
     lines = [f"steady state: a full cache evicting as it ingests (budget half the data, --pacing off), CPU per MB "
              f"over the window against the same raw read; target <= {CPU_TARGET}x",
-             f"{'dataset':<7} {'budget MB':>9} {'window s':>8} {'MB':>6} {'MB/s':>6} {'ms/MB':>6} {'x raw':>6}  target  "
-             f"{'machine':>7} {'x raw':>6} {'x f+d':>6}  {'server + daemon + samplers':>27}  {'data.mdb MB':>13} {'evicted':>7} "
-             f"{'occupied':>8} {'amplif.':>7}"]
+             f"{'dataset':<7} {'budget MB':>9} {'window s':>8} {'MB':>6} {'MB/s':>6} {'ms/MB':>6} {'x raw':>6}  "
+             f"target  {'machine':>7} {'x raw':>6} {'x f+d':>6}  {'server + daemon + samplers':>27}  "
+             f"{'data.mdb MB':>13} {'evicted':>7} {'occupied':>8} {'amplif.':>7}"]
     for name, w in rows.items():
         if "error" in w:
             lines.append(f"{name:<7} not measured: {w['error']}")
             continue
         p, (s0, s1) = w["parts"], w["data_file_mb"]
-        lines.append(f"{name:<7} {w['budget'] / MB:>9,.0f} {w['seconds']:>8.1f} {w['mb']:>6,.0f} {w['mb_per_s']:>6,.0f} "
+        lines.append(f"{name:<7} {w['budget'] / MB:>9,.0f} {w['seconds']:>8.1f} {w['mb']:>6,.0f} "
+                     f"{w['mb_per_s']:>6,.0f} "
                      f"{w['proc_cpu_ms_per_mb']:>6.2f} {w['ratio']:>6.2f}  {mark(w['target_ok']):<6}  "
                      f"{w['cpu_ms_per_mb']:>7.2f} {w['machine_ratio']:>6.2f} {w.get('decode_ratio', 0):>6.2f}  "
                      f"{p['server']:>9.2f} + {p['daemon_main']:.2f} + {p['samplers']:<7.2f}  "

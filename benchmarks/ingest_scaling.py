@@ -76,7 +76,8 @@ def why(row: dict[str, Any], raw_scaled: bool, cores: int) -> str:
              f"{row['daemon_main_cores']:.2f} (busiest thread {row['busiest_thread_cores']:.2f})")
     if row["cores_busy"] >= BUSY * cores:
         who = "nearly all by this run" if own >= 0.9 * row["cores_busy"] else "the rest by other work on the machine"
-        return f"cores saturated: the machine busy {row['cores_busy']:.2f} of {cores} cores, {own:.2f} by this run ({parts}); {who}"
+        return (f"cores saturated: the machine busy {row['cores_busy']:.2f} of {cores} cores, "
+                f"{own:.2f} by this run ({parts}); {who}")
     if row["daemon_main_cores"] >= BUSY or row["busiest_thread_cores"] >= BUSY:
         return (f"daemon-bound (writer): its main process busy {row['daemon_main_cores']:.2f} cores, its busiest "
                 f"thread {row['busiest_thread_cores']:.2f}; samplers occupied {100 * row['sampler_occupancy']:.0f}%")

@@ -1,5 +1,5 @@
 """(c) Where a sampler's time goes, in this process: each unit through the steps of
-``samplecache.service.sampler.run_task`` (footer, read, encode, staging write with its fsyncs timed apart) and
+``samplecache_service.sampling.sampler.run_task`` (footer, read, encode, staging write with its fsyncs timed apart) and
 then ingested by a ``Writer`` into a scratch LMDB; read variants on the same units (informational); and a
 cProfile of ``run_task`` on one unit. These use the daemon's internals: when they change, the step that no longer
 fits reports its error and the rest of the benchmark goes on."""
@@ -31,11 +31,12 @@ def guarded(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def stage_profile(truth: dict[str, Any], s3: Any, scratch: Path, max_units: int) -> dict[str, Any]:
-    from samplecache.service.catalog import Catalog
-    from samplecache.service.encoder import encode_table, infer_schema
-    from samplecache.service.remote import FsspecRemote
-    from samplecache.service.staging import write_staged
-    from samplecache.service.writer import Writer, open_env
+    from samplecache_service.remote.columns import infer_schema
+    from samplecache_service.remote.stores import FsspecRemote
+    from samplecache_service.sampling.encoder import encode_table
+    from samplecache_service.store.catalog import Catalog
+    from samplecache_service.store.staging import write_staged
+    from samplecache_service.store.writer import Writer, open_env
 
     os.environ.update(s3.env())  # s3fs (botocore) reads the endpoint and the credentials from here
     remote = FsspecRemote(truth["url"], {})
@@ -103,7 +104,7 @@ def read_variants(truth: dict[str, Any], s3: Any, max_units: int) -> dict[str, A
     """The read step alone, the same units read several ways in this process: what it could cost."""
     from pyarrow import fs as pafs
 
-    from samplecache.service.remote import FsspecRemote
+    from samplecache_service.remote.stores import FsspecRemote
 
     os.environ.update(s3.env())
     remote = FsspecRemote(truth["url"], {})
@@ -143,9 +144,9 @@ def _timed(fn: Callable[[], None]) -> float:
 
 
 def cprofile_unit(truth: dict[str, Any], s3: Any, scratch: Path, top: int = 14) -> str:
-    from samplecache.service.encoder import infer_schema
-    from samplecache.service.remote import FsspecRemote
-    from samplecache.service.sampler import SampleTask, run_task
+    from samplecache_service.remote.columns import infer_schema
+    from samplecache_service.remote.stores import FsspecRemote
+    from samplecache_service.sampling.sampler import SampleTask, run_task
 
     os.environ.update(s3.env())
     path, _s, _n, rg = truth["ranges"][0]

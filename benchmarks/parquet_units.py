@@ -26,10 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from samplecache.service.encoder import infer_schema
-from samplecache.service.planner import plan_units
-from samplecache.service.sampler import SampleTask, run_task
-from samplecache.service.schemas import to_text
+from samplecache_service.remote.columns import infer_schema
+from samplecache_service.remote.planner import plan_units
+from samplecache_service.remote.schemas import to_text
+from samplecache_service.sampling.sampler import SampleTask, run_task
 
 from .harness import cli, report
 

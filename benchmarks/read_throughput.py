@@ -55,9 +55,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import (BENCH_FORMAT, Check, Row, Spec, Tally, batches_pass, build_cache, cli, fmt, generate,
-                      lmdb_scan, make_specs, measure, missing, missing_report, print_missing, report, serve,
-                      stop_daemon, text_table)
+from .harness import (
+    BENCH_FORMAT,
+    Check,
+    Row,
+    Spec,
+    Tally,
+    batches_pass,
+    build_cache,
+    cli,
+    fmt,
+    generate,
+    lmdb_scan,
+    make_specs,
+    measure,
+    missing,
+    missing_report,
+    print_missing,
+    report,
+    serve,
+    stop_daemon,
+    text_table,
+)
 from .harness.cli import log
 
 CLIENT_ROWS = ("client", "dataloader", "batched")

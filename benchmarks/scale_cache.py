@@ -1,12 +1,13 @@
 """A daemon_scale cache built WITHOUT the remote and without a daemon (``benchmarks.daemon_scale``).
 
-The LMDB environment is opened with ``samplecache.service.writer.open_env``; a ``Catalog`` and a ``Writer``
+The LMDB environment is opened with ``samplecache_service.store.writer.open_env``; a ``Catalog`` and a ``Writer``
 in-process take write transactions of many shards each (``CacheSpec.per_txn``): every block encoded with
-``samplecache.blockenc.encode_block`` under a schema from ``samplecache.service.encoder.infer_schema``, shard
-JSON from ``catalog.Shard``, and the meta keys ``format``, ``source``, ``schema``, ``next_shard`` plus a
-``files`` entry per source file whose row groups are exactly the cached shards. The source is a real local
-Parquet directory of tiny files with the same Arrow schema (``file://``), so the real daemon starts on the
-cache, finds every unit of the source resident and samples nothing. ``y`` of sample i (in shard-id order) is i.
+``samplecache.format.blockenc.encode_block`` under a schema from
+``samplecache_service.sampling.encoder.infer_schema``, shard JSON from ``catalog.Shard``, and the meta keys
+``format``, ``source``, ``schema``, ``next_shard`` plus a ``files`` entry per source file whose row groups are
+exactly the cached shards. The source is a real local Parquet directory of tiny files with the same Arrow schema
+(``file://``), so the real daemon starts on the cache, finds every unit of the source resident and samples
+nothing. ``y`` of sample i (in shard-id order) is i.
 ``start_idle`` starts that daemon and times its start-up (to /healthz, /readyz and the sampler idle).
 """
 
@@ -22,15 +23,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from samplecache.blockenc import ColumnData, encode_block
-from samplecache.record import FORMAT_VERSION, record_key
-from samplecache.service.cachedir import map_size_for
-from samplecache.service.catalog import Catalog, Shard, u64
-from samplecache.service.encoder import infer_schema
-from samplecache.service.remote import FsspecRemote
-from samplecache.service.writer import Writer, open_env
-
-from samplecache.launch import DaemonProcess
+from samplecache.format.blockenc import ColumnData, encode_block
+from samplecache.format.record import FORMAT_VERSION, record_key
+from samplecache_service.remote.columns import infer_schema
+from samplecache_service.remote.stores import FsspecRemote
+from samplecache_service.store.cachedir import map_size_for
+from samplecache_service.store.catalog import Catalog, Shard, u64
+from samplecache_service.store.writer import Writer, open_env
+from samplecache_tools.launch import DaemonProcess
 
 from .harness import human, log, read_json, start_daemon, wait_idle, write_json
 

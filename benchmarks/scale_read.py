@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from samplecache.record import BlockView, Schema, shard_prefix
+from samplecache.format.record import BlockView, Schema, shard_prefix
 
 from .harness import MB, http_json, human, log, stop_daemon
 from .scale_cache import CacheSpec, build_cache, start_idle
+
 
 def read_spec(size: int, quick: bool) -> CacheSpec:
     width = 4096 if quick else 16384
@@ -58,7 +59,7 @@ def client_pass(url: str, batch: int) -> tuple[int, int, float]:
 
 def lmdb_pass(m: dict[str, Any]) -> tuple[int, int, float]:
     """Raw read: shard by shard of the manifest, every block's x copied once."""
-    from samplecache.reader import open_cache
+    from samplecache.reading.reader import open_cache
 
     schema = Schema.from_json(m["schema"])
     cx, cy = schema.index("x"), schema.index("y")
@@ -102,7 +103,8 @@ def run_read(sizes: list[int], root: Path, passes: int, quick: bool) -> dict[str
             payload = spec.samples * spec.width
             data_mdb = sroot / "cache" / "lmdb" / "data.mdb"
             row["page_cache_before"] = resident_fraction(data_mdb)
-            for kind, fn in (("lmdb", lambda: lmdb_pass(m)), ("client", lambda: client_pass(d.url, spec.rows_per_block))):
+            passes_of = (("lmdb", lambda: lmdb_pass(m)), ("client", lambda: client_pass(d.url, spec.rows_per_block)))
+            for kind, fn in passes_of:
                 for i in range(passes + 1):
                     n, ysum, dt = fn()
                     ok = n == spec.samples and ysum == spec.y_sum()

@@ -64,9 +64,27 @@ from typing import Any, Callable
 
 from . import peers as pe
 from . import suite_report as sr
-from .harness import (BENCH_FORMAT, Check, Row, Spec, batches_pass, build_cache, cli, fail, generate, lmdb_scan,
-                      make_specs, measure, missing, missing_report, print_missing, report, serve, stop_daemon,
-                      write_json)
+from .harness import (
+    BENCH_FORMAT,
+    Check,
+    Row,
+    Spec,
+    batches_pass,
+    build_cache,
+    cli,
+    fail,
+    generate,
+    lmdb_scan,
+    make_specs,
+    measure,
+    missing,
+    missing_report,
+    print_missing,
+    report,
+    serve,
+    stop_daemon,
+    write_json,
+)
 from .harness.cli import log
 from .suite_report import LOADERS, PEERS, SAMPLECACHE
 
@@ -109,7 +127,8 @@ def measure_loader(row: SuiteRow, make: Callable[[], tuple[Any, Callable[[], Non
     finally:
         if loader is not None:
             shutdown(loader)
-        del loader
+        # rebound rather than deleted: the pass's lambda reads the same name
+        loader = None
         if after is not None:
             after()
     return row

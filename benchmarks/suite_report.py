@@ -73,7 +73,8 @@ def targets_text(ts: list[dict[str, Any]], markdown: bool) -> str:
              if markdown else [f"{'target':<40} {'row':<20} {'against':<14} {'ratio':>6} {'needed':>6}  met"])
     for t in ts:
         met = "-" if t["met"] is None else ("yes" if t["met"] else "NO")
-        cells = [t["target"], t["loader"] or "-", t["against"] or "-", fmt(t["ratio"], ".2f"), f"{t['minimum']:.1f}", met]
+        cells = [t["target"], t["loader"] or "-", t["against"] or "-", fmt(t["ratio"], ".2f"), f"{t['minimum']:.1f}",
+                 met]
         if markdown:
             lines.append("| " + " | ".join(cells) + " |")
         else:
@@ -185,6 +186,9 @@ def write_markdown(path: Path, result: dict[str, Any], rows: list[SuiteRow], wor
     v = m.get("versions", {})
     sizes = ", ".join(f"{n.upper()} = {d['samples']:,} samples x {d['width'] * np.dtype(d['dtype']).itemsize:,} B "
                       f"(batch {d['batch_size']})" for n, d in ds.items())
+    # made apart: inline, their template lines would pass the line limit
+    python_torch_numpy = f"python {m.get('python')}, torch {v.get('torch')}, numpy {v.get('numpy')}"
+    quick = " (QUICK sizes: not representative)" if result["quick"] else ""
     text = f"""# Benchmarks: samplecache against its peers
 
 <!-- written by `python -m benchmarks.suite` (the results below are replaced on every full run) -->
@@ -239,11 +243,11 @@ Method (details in the docstrings of `benchmarks/suite.py`, `benchmarks/peers.py
 * date: {result['date']}
 * machine: {m.get('cpu', '?')}, {m.get('cores')} cores, {m.get('ram_gib', '?')} GiB RAM; {m.get('platform')}
 * samplecache: git {m.get('git') or '?'} (`+dirty`: uncommitted changes under client/ or service/)
-* python {m.get('python')}, torch {v.get('torch')}, numpy {v.get('numpy')}, pyarrow {v.get('pyarrow')}, lmdb {v.get('lmdb')};
+* {python_torch_numpy}, pyarrow {v.get('pyarrow')}, lmdb {v.get('lmdb')};
   mosaicml-streaming {v.get('mosaicml-streaming') or 'not installed'}, litdata {v.get('litdata') or 'not installed'},
   webdataset {v.get('webdataset') or 'not installed'}
 * load average (1, 5, 15 min) at start {result['loadavg_start']}, at end {result['loadavg_end']}
-* data: {sizes}; {result['passes']} timed pass(es) per row{' (QUICK sizes: not representative)' if result['quick'] else ''}
+* data: {sizes}; {result['passes']} timed pass(es) per row{quick}
 * suite time: {result['seconds']:.0f} s{missing_text(result.get('missing') or [])}
 
 {pivot(rows, workers)}

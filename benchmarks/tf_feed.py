@@ -34,8 +34,26 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from . import peers as pe
-from .harness import (BENCH_FORMAT, Check, Row, Spec, Tally, build_cache, cli, fmt, generate, make_specs, measure,
-                      missing, missing_report, print_missing, report, serve, stop_daemon, text_table)
+from .harness import (
+    BENCH_FORMAT,
+    Check,
+    Row,
+    Spec,
+    Tally,
+    build_cache,
+    cli,
+    fmt,
+    generate,
+    make_specs,
+    measure,
+    missing,
+    missing_report,
+    print_missing,
+    report,
+    serve,
+    stop_daemon,
+    text_table,
+)
 from .harness.cli import log
 
 LOADERS = ["samplecache.tf", "tf-pyarrow-batches", "tf-pyarrow-samples"]

@@ -1,6 +1,7 @@
 """Test support: compare decoded record cells with pyarrow's own values, cell by cell.
 
-The decoder gives each cell in a documented form (``client/record.py``, ``client/nested.py``):
+The decoder gives each cell in a documented form (``client/samplecache/format/record.py``,
+``client/samplecache/format/nested.py``):
 
 * null -> ``None`` at every level;
 * a top-level number / bool / temporal scalar -> a numpy scalar of the leaf dtype;

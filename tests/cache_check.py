@@ -4,7 +4,7 @@
 daemon runs or after it was killed) and verifies invariant 3 of DESIGN.md from the bytes on disk:
 
 * every catalogued shard has exactly ``blocks`` records, keyed ``record_key(id, 0 .. blocks-1)``;
-* every record decodes with ``samplecache.record`` under the schema stored in ``meta``; each block but the last
+* every record decodes with ``samplecache.format.record`` under the schema stored in ``meta``; each block but the last
   holds ``rows_per_block`` rows, the rows add up to the shard's ``rows`` and the record sizes to its ``bytes``;
 * no orphan record (a record key whose shard id is not catalogued) and no malformed key;
 * no two shards with the same staging key (a staging file ingested twice);
@@ -26,7 +26,7 @@ from typing import Any, Callable
 import lmdb
 import numpy as np
 
-from samplecache.record import BlockView, FormatError, Schema, decode_rows, parse_key, record_key
+from samplecache.format.record import BlockView, FormatError, Schema, decode_rows, parse_key, record_key
 
 DB_NAMES = (b"records", b"shards", b"epochs", b"files", b"meta")
 SHARD_FIELDS = ("id", "key", "path", "row_group", "unit", "cycle", "rows", "bytes", "rows_per_block", "blocks",

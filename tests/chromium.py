@@ -3,8 +3,9 @@
 No driver, no downloaded browser and no websocket library: Chromium is started with
 ``--remote-debugging-pipe`` and reads protocol commands from its fd 3 and writes replies and events to its fd 4,
 each message a JSON object ended by a NUL byte. It runs in its own process group with its profile and HOME under
-the test's directory (its TMPDIR is a short new dir in the system temp dir, removed again); ``close()`` ends it (Browser.close, then SIGKILL of the group) and reports any
-process of the group still alive, so a test can assert that nothing was left behind.
+the test's directory (its TMPDIR is a short new dir in the system temp dir, removed again); ``close()`` ends it
+(Browser.close, then SIGKILL of the group) and reports any process of the group still alive, so a test can assert
+that nothing was left behind.
 
     with Chromium(tmp_path / "chromium") as browser:
         page = browser.open(url)             # a new tab; waits for its load event
@@ -171,7 +172,8 @@ class Chromium:
                 if left <= 0 or self._closed_pipe:
                     raise TimeoutError(f"no reply to {method} within {timeout} s" +
                                        ("" if self.proc is None or self.proc.poll() is None else
-                                        f": chromium exited with {self.proc.returncode}, see {self.workdir}/chromium.log"))
+                                        f": chromium exited with {self.proc.returncode}, "
+                                        f"see {self.workdir}/chromium.log"))
                 self._cond.wait(min(left, 0.5))
             reply = self._replies.pop(mid)
         if "error" in reply:

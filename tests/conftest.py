@@ -21,11 +21,10 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from parquet_data import write_dataset
 from s3server import S3Server
 
-from samplecache.launch import DaemonProcess
+from samplecache_tools.launch import DaemonProcess
 
 BUCKET = "samplecache-e2e"
 TYPED_PREFIX = "typed"

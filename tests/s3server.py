@@ -201,7 +201,8 @@ class S3Server:
         self.ports = dict(zip(_WEED_COMPONENTS, pairs))
         self.ports["debug"] = _ephemeral_port()  # only opened with -debug; set so nothing defaults to 6060
         # -logdir (a global flag, before the command): glog files go to the server's own dir, not /tmp
-        cmd = [self.weed or find_weed(), f"-logdir={self.data_dir}", "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        cmd = [self.weed or find_weed(), f"-logdir={self.data_dir}", "mini", f"-dir={self.data_dir}",
+               "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
                "-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0", "-volume.preStopSeconds=0",
                f"-debug.port={self.ports['debug']}", f"-s3.debug.port={self.ports['debug']}"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from samplecache.service.sampler import SampleResult, SampleTask
+from samplecache_service.sampling.sampler import SampleResult, SampleTask
 
 
 def make_task(key: str, path: str = "", row_group: int = 0) -> SampleTask:

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -77,7 +77,7 @@ def sealed(url: str) -> None:
 
 
 def serve_refused(args: list[str], tmp_path: Path, timeout: float = 60) -> tuple[int, str]:
-    p = subprocess.run([sys.executable, "-m", "samplecache.service", "serve", "--source", "file:///nowhere",
+    p = subprocess.run([sys.executable, "-m", "samplecache_service", "serve", "--source", "file:///nowhere",
                         "--cache-dir", str(tmp_path / "cache"), "--port", "0", *args],
                        env={k: v for k, v in os.environ.items() if not k.startswith("SAMPLECACHE_")},
                        capture_output=True, text=True, timeout=timeout)
@@ -113,7 +113,8 @@ def test_a_token_file_already_there_is_used(daemon: Any, tmp_path: Path) -> None
     cache.mkdir()
     (cache / "api-token").write_text("chosen-by-the-admin\n")
     d = daemon(cache_dir=cache, samplers=1)
-    assert request(d.url, "POST", "/v1/samplers/pause", headers={"Authorization": "Bearer chosen-by-the-admin"})[0] == 200
+    assert request(d.url, "POST", "/v1/samplers/pause",
+                   headers={"Authorization": "Bearer chosen-by-the-admin"})[0] == 200
     problem(request(d.url, "POST", "/v1/samplers/resume", headers={"Authorization": "Bearer chosen-by-the"}), 401)
     assert (cache / "api-token").read_text() == "chosen-by-the-admin\n"  # untouched
 
@@ -304,7 +305,8 @@ def test_fifty_megabyte_bodies_cost_the_daemon_no_memory(daemon: Any, typed_data
             from body_flood import send_huge
         finally:
             sys.path.remove(str(SCRIPTS))
-        authed = [send_huge(d.url, [f"Authorization: Bearer {d.token}"], 50 * MiB, chunked) for chunked in (False, True)]
+        authed = [send_huge(d.url, [f"Authorization: Bearer {d.token}"], 50 * MiB, chunked)
+                  for chunked in (False, True)]
         time.sleep(0.3)
     finally:
         stop.set()

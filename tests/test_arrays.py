@@ -16,7 +16,7 @@ import pytest
 
 from samplecache.arrays import _LAUNCH, NumpyBatches, launch_run, numpy_batches, position_from
 from samplecache.core import MissingColumn, Position
-from samplecache.reader import split_batch
+from samplecache.reading.reader import split_batch
 
 pytestmark = pytest.mark.e2e
 README = Path(__file__).resolve().parent.parent / "README.md"

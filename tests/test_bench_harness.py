@@ -9,8 +9,20 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from benchmarks.harness import (Check, Row, Spec, exit_code, human, missing, missing_lines, missing_report,
-                                parse_size, require, text_table, write_parquet)
+from benchmarks.harness import (
+    Check,
+    Row,
+    Spec,
+    exit_code,
+    human,
+    missing,
+    missing_lines,
+    missing_report,
+    parse_size,
+    require,
+    text_table,
+    write_parquet,
+)
 from benchmarks.harness.needs import Missing
 
 

@@ -1,6 +1,7 @@
 """Smoke runs of the benchmarks (``python -m benchmarks.<name> --quick`` from the repository root): every
-row verified, no timing thresholds (benchmarks.ingest's run is in tests/test_ingest_bench.py); and a benchmark on a machine missing a peer (simulated: a stub package
-that raises ImportError hides the installed one) names it with its install command and reports the rest.
+row verified, no timing thresholds (benchmarks.ingest's run is in tests/test_ingest_bench.py); and a benchmark
+on a machine missing a peer (simulated: a stub package that raises ImportError hides the installed one) names it
+with its install command and reports the rest.
 
 The loader benchmarks generate two tiny Parquet datasets, cache them with a real daemon subprocess and read
 them back with every loader; each pass checks the sample count and two checksums against the Parquet

@@ -1,4 +1,4 @@
-"""``samplecache.bufferpool``: reused output buffers, never written while anything still holds them.
+"""``samplecache.reading.bufferpool``: reused output buffers, never written while anything still holds them.
 
 Unit tests of the pool (numpy arrays, torch tensors made with ``torch.from_numpy``, tensor-backed buffers as the
 pinned ones are), then the in-process PyTorch path end to end against a real daemon on a real S3 server: a batch
@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from samplecache import SampleCacheDataset, SampleCacheLoader
-from samplecache.bufferpool import ALIGN, MIN_BYTES, BufferPool
-from samplecache.launch import DaemonProcess
+from samplecache.reading.bufferpool import ALIGN, MIN_BYTES, BufferPool
+from samplecache_tools.launch import DaemonProcess
 
 F4 = np.dtype("<f4")
 SHAPE = (8, 4096)  # 128 KiB: pooled

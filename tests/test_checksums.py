@@ -6,15 +6,14 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import damage_data as dd
 import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import damage_data as dd
-from samplecache.reader import VERIFY_ENV, CacheReader
-from samplecache.record import (
+from samplecache.format.record import (
     FORMAT_VERSION,
     BlockView,
     DamagedBlock,
@@ -24,9 +23,11 @@ from samplecache.record import (
     decode_rows,
     verify_block,
 )
-from samplecache.service.encoder import encode_table, infer_schema
-from samplecache.service.lmdbmeta import read_meta
-from samplecache.service.writer import DamagedShard
+from samplecache.reading.reader import VERIFY_ENV, CacheReader
+from samplecache_service.remote.columns import infer_schema
+from samplecache_service.sampling.encoder import encode_table
+from samplecache_service.store.lmdbmeta import read_meta
+from samplecache_service.store.writer import DamagedShard
 
 
 def _blocks() -> list[bytes]:
@@ -208,7 +209,7 @@ def test_verify_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_a_block_is_hashed_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     built = dd.build(tmp_path, shards=1, rows=20)
     calls: list[tuple[int, int]] = []
-    import samplecache.reader as reader_mod
+    import samplecache.reading.reader as reader_mod
     real = reader_mod.check_block
     monkeypatch.setattr(reader_mod, "check_block", lambda buf, s, b: (calls.append((s, b)), real(buf, s, b)))
     for _ in range(2):  # two readers (two epochs) of one cache in one process

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from samplecache.service.remote import classify_error, signature
-from samplecache.service.schemas import SchemaConflict
+from samplecache_service.remote.schemas import SchemaConflict
+from samplecache_service.remote.stores import classify_error, signature
 
 
 def _parse_error(data: bytes) -> BaseException:

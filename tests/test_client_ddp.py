@@ -1,4 +1,5 @@
-"""DDP: ``torchrun --nproc-per-node 2`` (gloo, CPU) x ``DataLoader(num_workers=2)`` over a real daemon (invariants 4, 5).
+"""DDP: ``torchrun --nproc-per-node 2`` (gloo, CPU) x ``DataLoader(num_workers=2)`` over a real daemon
+(invariants 4, 5).
 
 The module's daemon caches 1191 samples (odd: world size 2 never divides them). One torchrun launch runs every
 configuration in turn (tests/scripts/ddp_worker.py); each rank writes, per epoch, every batch with the worker
@@ -23,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import client_common as cc  # noqa: E402
 
 from samplecache import SampleCacheDataset  # noqa: E402
-from samplecache.daemon_api import fetch_manifest  # noqa: E402
-from samplecache.record import unpack_shard_table  # noqa: E402
+from samplecache.api.client import fetch_manifest  # noqa: E402
+from samplecache.format.manifest import unpack_shard_table  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

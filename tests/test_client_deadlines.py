@@ -1,4 +1,5 @@
-"""The client's control path is bounded in time and finds its token by itself (client/daemon_api.py, client/auth.py).
+"""The client's control path is bounded in time and finds its token by itself (client/samplecache/api/client.py,
+client/samplecache/api/auth.py).
 
 A daemon that accepts connections and never answers (a plain socket server, and a real daemon SIGSTOPped) makes
 the training loop raise ``DaemonError`` within the deadline (+ the long-poll wait); a bad URL is a ValueError at
@@ -22,10 +23,11 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-import samplecache.daemon_api as daemon_api
-from samplecache import DaemonError, SampleCacheDataset, auth
-from samplecache.daemon_api import fetch_manifest, request_json
-from samplecache.launch import free_port
+import samplecache.api.client as daemon_api
+from samplecache import DaemonError, SampleCacheDataset
+from samplecache.api import auth
+from samplecache.api.client import fetch_manifest, request_json
+from samplecache_tools.launch import free_port
 
 Reply = tuple[int, dict[str, Any]]
 
@@ -293,7 +295,9 @@ def test_a_401_reads_the_token_file_again_once(tmp_path: Path) -> None:
     token_file.write_text("first")
     current = ["first"]
     with StubDaemon({("POST", "/v1/jobs"): needs(lambda: current[0])}, requires(token_file)) as stub:
-        call = lambda: request_json(stub.url + "/v1/jobs", "POST", None, {})  # noqa: E731
+        def call() -> Any:
+            return request_json(stub.url + "/v1/jobs", "POST", None, {})
+
         assert call() == {"start_epoch": 0}
         current[0] = "second"  # the daemon restarted with a new token
         token_file.write_text("second\n")

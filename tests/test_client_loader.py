@@ -25,11 +25,11 @@ from torch.utils.data import DataLoader, get_worker_info
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import client_common as cc  # noqa: E402
 
-import samplecache.epoch_source as epoch_source  # noqa: E402
+import samplecache.reading.epoch_source as epoch_source  # noqa: E402
 from samplecache import DaemonError, SampleCacheDataset  # noqa: E402
-from samplecache.daemon_api import fetch_manifest  # noqa: E402
-from samplecache.reader import CacheNotVisible  # noqa: E402
-from samplecache.record import FORMAT_VERSION, FormatError  # noqa: E402
+from samplecache.api.client import fetch_manifest  # noqa: E402
+from samplecache.format.record import FORMAT_VERSION, FormatError  # noqa: E402
+from samplecache.reading.reader import CacheNotVisible  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -301,7 +301,8 @@ def test_sample_cache_loader_batched_ring_path_values_survive_slot_reuse(url: st
             truth.check_exactly_once([i for b in kept for i in b["id"].tolist()], TOTAL)
 
 
-@pytest.mark.parametrize("cols", [["id", "f16", "f64", "tensor", "vec", "flag"], ["id", "const_list", "text", "tensor"]])
+@pytest.mark.parametrize("cols", [["id", "f16", "f64", "tensor", "vec", "flag"],
+                                  ["id", "const_list", "text", "tensor"]])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_sample_cache_loader_batches_a_per_sample_dataset_exactly_like_default_collate(
         url: str, by_id: Any, workers: int, cols: list[str]) -> None:
@@ -363,8 +364,10 @@ def test_a_dropped_dataset_releases_the_lease_it_took_ahead(url: str) -> None:
     ds = SampleCacheDataset(url, columns=["id"], seed=16)
     ds.set_epoch(6)
     assert len(list(ds)) == TOTAL
+    # read here: the lambda must not keep a name that `del ds` below drops
+    job = ds.job
     ahead = cc.wait_for(lambda: {k: v for k, v in live_leases(url).items()
-                                 if k not in before and v["job"] == ds.job and v["job_epoch"] == 7},
+                                 if k not in before and v["job"] == job and v["job_epoch"] == 7},
                         10, "the lease on job epoch 7 taken ahead")
     assert len(ahead) == 1, ahead
     del ds

@@ -10,17 +10,17 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import tomllib
 
-from samplecache.service import config as config_mod
-from samplecache.service.config import ConfigError, config_path, load, read_config
-from samplecache.service.reload import RUNTIME, changes
-from samplecache.service.settings import Settings
+from samplecache_service.config import file as config_mod
+from samplecache_service.config.file import ConfigError, config_path, load, read_config
+from samplecache_service.config.settings import Settings
+from samplecache_service.ops.reload import RUNTIME, changes
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "deploy" / "samplecache.toml"
@@ -40,7 +40,7 @@ def _clean_environ() -> dict[str, str]:
 
 
 def _cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "samplecache.service", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "samplecache_service", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=120, env={**_clean_environ(), **(env or {})})
 
 

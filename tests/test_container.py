@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
 from deploy_tools import free_port, get, run
 from podman_tools import daemon_image, podman_command, ulimits
 

@@ -12,11 +12,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from samplecache.core import (BatchOptions, CacheOptions, DaemonError, MissingColumn, Position, Reader, ResumeState,
-                              SplitOptions, stream_for)
-from samplecache.epoch_source import EpochPlan
-from samplecache.reader import split_batch
-from samplecache.record import Column, Schema
+from samplecache.core import (
+    BatchOptions,
+    CacheOptions,
+    DaemonError,
+    MissingColumn,
+    Position,
+    Reader,
+    ResumeState,
+    SplitOptions,
+    stream_for,
+)
+from samplecache.format.record import Column, Schema
+from samplecache.reading.epoch_source import EpochPlan
+from samplecache.reading.reader import split_batch
 
 FRAMEWORKS = ("torch", "tensorflow", "jax", "nvidia.dali")
 

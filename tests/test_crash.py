@@ -30,11 +30,10 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from cache_check import CacheSummary, check_cache
 from parquet_data import write_dataset
 
-from samplecache.service.staging import SUFFIX, TMP_SUFFIX, StagingError, read_staged, write_staged
+from samplecache_service.store.staging import SUFFIX, TMP_SUFFIX, StagingError, read_staged, write_staged
 
 pytestmark = pytest.mark.e2e
 
@@ -144,7 +143,7 @@ def staged_key(path: Path) -> str | None:
 def close_client_envs() -> None:
     """Close the LMDB handles the client cached in this process: LMDB must never be open twice in one process,
     and check_cache opens its own."""
-    from samplecache import reader
+    from samplecache.reading import reader
 
     envs = getattr(reader, "_ENVS", {})
     for path, (_, env, _) in list(envs.items()):
@@ -212,7 +211,7 @@ def wait_group_gone(daemons: Any, pgid: int, pids: list[int], grace: float = GRO
 READER_SCRIPT = r"""
 import json, os, sys, time
 import lmdb
-from samplecache.record import BlockView, Schema, record_key
+from samplecache.format.record import BlockView, Schema, record_key
 
 manifest = json.load(open(sys.argv[1]))
 expect = {int(k): v for k, v in json.load(open(sys.argv[2])).items()}
@@ -288,7 +287,8 @@ def test_sigkill_loop_leaves_a_consistent_cache(daemon: Any, crash_dataset: Cras
         manifest = json.loads(manifest_raw)
         pinned = {int(e[0]) for e in manifest["shards"]}
         assert pinned and manifest["samples"] > 0
-        lease = http_json(d.url + "/v1/epochs/0/leases", "POST", {"ttl": 600, "holder": "crash test"}, headers=d.headers)
+        lease = http_json(d.url + "/v1/epochs/0/leases", "POST", {"ttl": 600, "holder": "crash test"},
+                          headers=d.headers)
         assert lease["epoch"] == 0
         # ingest AND evict: wait until shards were evicted around the pinned epoch
         wait_for(lambda: (check_cache(cache).next_shard or 0) > len(pinned) + BUDGET // SHARD_BYTES + 2, 60,
@@ -529,8 +529,8 @@ def test_staging_leftovers_are_recovered_or_removed(daemon: Any, crash_dataset: 
     id, its unit's rows readable by the client), a ``.shard`` whose key is catalogued is removed without a second
     shard, a truncated ``.shard`` and a ``.tmp`` are removed, and one torn by a power cut (its tail zeros: staging
     files are not fsynced) fails its checksum and is set aside, never ingested."""
-    from samplecache.record import Schema
-    from samplecache.service.encoder import encode_table
+    from samplecache.format.record import Schema
+    from samplecache_service.sampling.encoder import encode_table
 
     seed = crash_seed()
     cache = tmp_path / "cache"
@@ -606,7 +606,7 @@ def test_staging_leftovers_are_recovered_or_removed(daemon: Any, crash_dataset: 
         assert set(ids.tolist()) <= {int(x["id"]) for x in samples}
 
 
-# ----------------------------------------------------------------------------------------------- backpressure, two writers
+# -------------------------------------------------------------------------------------------- backpressure, two writers
 def test_staging_stays_bounded_while_the_pinned_budget_is_full(daemon: Any, crash_dataset: CrashDataset,
                                                                tmp_path: Path) -> None:
     """Backpressure must stop sampling: when every resident shard is pinned and no new shard fits, only the few

@@ -14,10 +14,11 @@ import sys
 import threading
 from pathlib import Path
 
+import damage_data as dd
 import pytest
 
-import damage_data as dd
-from samplecache.service.cachedir import (
+from samplecache_service.config.settings import Settings
+from samplecache_service.store.cachedir import (
     COMMITTED,
     DamagedCacheFile,
     StartupError,
@@ -25,7 +26,6 @@ from samplecache.service.cachedir import (
     check_lmdb_file,
     reset_cache,
 )
-from samplecache.service.settings import Settings
 
 TESTS = Path(__file__).resolve().parent
 
@@ -36,7 +36,7 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def _verify(cache_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return _run("-m", "samplecache.service", "verify", "--cache-dir", str(cache_dir), *flags)
+    return _run("-m", "samplecache_service", "verify", "--cache-dir", str(cache_dir), *flags)
 
 
 def _startup_error(lmdb_dir: Path) -> str:
@@ -187,7 +187,7 @@ def test_verify_lists_every_flipped_block(built: dd.Built) -> None:
 def test_verify_finds_missing_blocks(built: dd.Built) -> None:
     cache = dd.Cache(built.lmdb_dir)
     try:
-        from samplecache.record import record_key
+        from samplecache.format.record import record_key
         cache.writer.submit(lambda txn: txn.delete(record_key(2, 1), db=cache.dbs[b"records"])).result()
     finally:
         cache.close()

@@ -12,10 +12,9 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 
 import pytest
-
+import tomllib
 from deploy_tools import DEPLOY, INSTALL_TEST_EXTRA, REPO, free_port, run, tool
 
 ENV_EXAMPLE = DEPLOY / "samplecache.env.example"
@@ -59,7 +58,7 @@ def test_env_example_syntax_is_portable() -> None:
 
 
 def test_env_example_documents_every_setting_with_valid_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    from samplecache.service.settings import Settings
+    from samplecache_service.config.settings import Settings
 
     fields = {f"SAMPLECACHE_{name.upper()}" for name in Settings.model_fields}
     documented = {name for _, name, _ in env_example() if name.startswith("SAMPLECACHE_")}
@@ -101,7 +100,7 @@ def test_dockerfile_contract() -> None:
     # `pip install .` needs these: the COPY lines must follow pyproject.toml.
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     needed = {"pyproject.toml", project["project"]["readme"]}
-    needed |= {d.rstrip("/") for d in project["tool"]["setuptools"]["package-dir"].values()}
+    needed |= {d.rstrip("/") for d in project["tool"]["setuptools"]["packages"]["find"]["where"]}
     copied = set()
     for ln in instr:
         if ln.startswith("COPY ") and "--from" not in ln:

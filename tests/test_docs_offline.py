@@ -1,6 +1,7 @@
-"""The API docs at /docs work with no internet: Swagger UI comes from the daemon (service/swagger_ui/, vendored
-with its licence), rendered in a real headless Chromium in which no host name but 127.0.0.1 resolves. Every
-operation of the daemon's OpenAPI must be on the page, and the page must ask nothing of any other origin.
+"""The API docs at /docs work with no internet: Swagger UI comes from the daemon
+(service/samplecache_service/http/swagger_ui/, vendored with its licence), rendered in a real headless Chromium
+in which no host name but 127.0.0.1 resolves. Every operation of the daemon's OpenAPI must be on the page, and
+the page must ask nothing of any other origin.
 /redoc is not served.
 """
 
@@ -10,12 +11,10 @@ import hashlib
 import json
 import re
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-
 from chromium import Chromium
 
 if sys.version_info >= (3, 11):
@@ -25,7 +24,7 @@ else:  # pragma: no cover
 
 pytestmark = pytest.mark.e2e
 
-ASSETS = Path(__file__).resolve().parent.parent / "service" / "swagger_ui"
+ASSETS = Path(__file__).resolve().parent.parent / "service" / "samplecache_service" / "http" / "swagger_ui"
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options"}
 
 
@@ -68,12 +67,18 @@ def test_docs_render_every_operation_offline(daemon: Any, get: Callable[..., Any
 
 
 def test_docs_assets_are_package_data() -> None:
-    """A wheel install has the assets: pyproject.toml lists samplecache.service.swagger_ui as a (data-only)
-    package whose package data covers them."""
-    pyproject = tomllib.loads((ASSETS.parent.parent / "pyproject.toml").read_text())
-    tool = pyproject["tool"]["setuptools"]
-    assert "samplecache.service.swagger_ui" in tool["packages"], tool["packages"]
-    patterns = tool["package-data"]["samplecache.service.swagger_ui"]
+    """A wheel install has the assets: pyproject.toml's package search finds samplecache_service.http.swagger_ui
+    as a (data-only) package whose package data covers them."""
+    from setuptools import find_namespace_packages
+
+    root = ASSETS.parents[3]
+    tool = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    find = tool["packages"]["find"]
+    found = {p for where in find["where"]
+             for p in find_namespace_packages(str(root / where), include=find["include"], exclude=find["exclude"])}
+    assert "samplecache_service.http.swagger_ui" in found, sorted(found)
+    assert not any("__pycache__" in p for p in found), sorted(found)
+    patterns = tool["package-data"]["samplecache_service.http.swagger_ui"]
     needed = {"swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png", "LICENSE", "NOTICE"}
     covered = {n for n in needed for p in patterns if Path(n).match(p)}
     assert covered == needed, (patterns, needed - covered)

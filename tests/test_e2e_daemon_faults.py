@@ -27,7 +27,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from cache_check import check_cache
 
 pytestmark = pytest.mark.e2e

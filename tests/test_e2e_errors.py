@@ -17,9 +17,8 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from torch.utils.data import DataLoader
-
 from parquet_data import make_typed_table, write_dataset
+from torch.utils.data import DataLoader
 
 import samplecache
 from samplecache import SampleCacheDataset
@@ -39,7 +38,7 @@ def unused_port() -> int:
 def serve(source: str, cache_dir: Path, env: dict[str, str], timeout: float = 60) -> tuple[int, str, float]:
     """Run ``samplecache serve`` to its end (it is expected to refuse to start): (exit code, stderr, seconds)."""
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "samplecache.service", "serve", "--source", source,
+    p = subprocess.run([sys.executable, "-m", "samplecache_service", "serve", "--source", source,
                         "--cache-dir", str(cache_dir), "--port", str(unused_port()), "--samplers", "1"],
                        env=env, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stderr, time.monotonic() - t0

@@ -31,7 +31,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from cache_check import check_cache
 from conftest import children_of
 from daemon_watch import StatusLog, call, dishonest, status, wait_for

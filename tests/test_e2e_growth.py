@@ -23,13 +23,12 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import pytest
-
 from conftest import TypedDataset
 from parquet_data import write_dataset
 
 from samplecache import SampleCacheDataset
-from samplecache.daemon_api import DaemonError
-from samplecache.launch import free_port
+from samplecache.api.client import DaemonError
+from samplecache_tools.launch import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -309,7 +308,8 @@ def test_a_lease_pins_its_epoch_through_churn_until_released_or_expired(daemon: 
 
 def test_backpressure_when_every_evictable_shard_is_pinned(daemon: Any, rg50: TypedDataset,
                                                            until: Callable[..., Any]) -> None:
-    d = daemon(rg50.url, samplers=1, extra=["--pacing", "off", "--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1", "--epoch-headroom", "0"])
+    d = daemon(rg50.url, samplers=1, extra=["--pacing", "off", "--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1",
+                                            "--epoch-headroom", "0"])
     until(lambda: status(d)["evictions"] > 0, 30, "the budget to fill")
     m = manifest(d, 0)
     ids0 = set(shard_ids(m))
@@ -346,7 +346,8 @@ def test_backpressure_when_every_evictable_shard_is_pinned(daemon: Any, rg50: Ty
 
 def test_backpressure_really_stops_the_samplers(daemon: Any, rg50: TypedDataset, until: Callable[..., Any]) -> None:
     samplers = 1
-    d = daemon(rg50.url, samplers=samplers, extra=["--pacing", "off", "--max-bytes", str(RG50_BUDGET), "--lease-ttl", "1", "--epoch-headroom", "0"])
+    d = daemon(rg50.url, samplers=samplers, extra=["--pacing", "off", "--max-bytes", str(RG50_BUDGET),
+                                                   "--lease-ttl", "1", "--epoch-headroom", "0"])
     until(lambda: status(d)["evictions"] > 0, 30, "the budget to fill")
     manifest(d, 0)
     take_lease(d, 0, ttl=60)
@@ -435,8 +436,9 @@ def test_control_api_and_its_errors(daemon: Any, rg50: TypedDataset, until: Call
            ({"eviction_policy": "nope"}, 422, ["eviction_policy", "fifo"]), ({"max_bytes": 1000}, 409, ["at least"]),
            ({"max_bytes": "1TB"}, 409, ["max_bytes"]), ({"unknown_setting": 1}, 422, []),
            ({"replace_per_epoch": 1.5}, 422, ["replace_per_epoch", "1"]),
-           ({"replace_per_epoch": -0.1}, 422, ["replace_per_epoch", "0"]), ({"pacing": "fast"}, 422, ["pacing", "epoch"]),
-           ({"max_ingest_rate": "quick"}, 422, ["max_ingest_rate"]), ({"max_ingest_rate": -1}, 422, ["max_ingest_rate"])]
+           ({"replace_per_epoch": -0.1}, 422, ["replace_per_epoch", "0"]),
+           ({"pacing": "fast"}, 422, ["pacing", "epoch"]), ({"max_ingest_rate": "quick"}, 422, ["max_ingest_rate"]),
+           ({"max_ingest_rate": -1}, 422, ["max_ingest_rate"])]
     for body, code, words in bad:
         assert_problem(call(f"{d.url}/v1/config", "PATCH", body, token=d.token), code, *words)
     one_shard = call(f"{d.url}/v1/config", "PATCH", {"max_bytes": 1000}, token=d.token)
@@ -462,7 +464,8 @@ def test_control_api_and_its_errors(daemon: Any, rg50: TypedDataset, until: Call
     assert_problem(call(f"{d.url}/v1/epochs/99/leases", "POST", {}, token=d.token), 404, "epoch 99")
     assert_problem(call(f"{d.url}/v1/epochs/0/leases/0123456789abcdef/heartbeat", "POST", token=d.token), 404)
     assert_problem(call(f"{d.url}/v1/epochs/0/leases/0123456789abcdef", "DELETE", token=d.token), 404)
-    assert_problem(call(f"{d.url}/v1/epochs/1/leases/{lease['id']}/heartbeat", "POST", token=d.token), 404)  # wrong epoch
+    # the wrong epoch: the lease is epoch 0's
+    assert_problem(call(f"{d.url}/v1/epochs/1/leases/{lease['id']}/heartbeat", "POST", token=d.token), 404)
     assert_problem(call(f"{d.url}/v1/epochs/0/leases/NOT-HEX/heartbeat", "POST", token=d.token), 422)
     assert_problem(call(f"{d.url}/v1/epochs/0/leases", "POST", {"ttl": -1}, token=d.token), 422, "ttl")
     assert_problem(call(f"{d.url}/v1/epochs/0/leases", "POST", {"ttl": 10**6}, token=d.token), 422, "ttl")
@@ -524,7 +527,7 @@ def test_token_guards_the_endpoints_that_change_state(daemon: Any, typed_dataset
 
 # ----------------------------------------------------------------------------------------------- settings
 def serve(args: list[str], source: str, cache_dir: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "samplecache.service", "serve", "--source", source,
+    return subprocess.Popen([sys.executable, "-m", "samplecache_service", "serve", "--source", source,
                              "--cache-dir", str(cache_dir), "--port", "0", "--samplers", "1", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
@@ -544,7 +547,7 @@ def finish(p: subprocess.Popen[str], timeout: float = 60.0) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         p.kill()
         _, err = p.communicate()
-        raise AssertionError(f"`serve` did not exit within {timeout} s:\n{err[-2000:]}")
+        raise AssertionError(f"`serve` did not exit within {timeout} s:\n{err[-2000:]}") from None
     return p.returncode, err
 
 

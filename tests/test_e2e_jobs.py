@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import client_common as cc  # noqa: E402
 
 from samplecache import DaemonError, EpochGone, SampleCacheDataset, SampleCacheLoader  # noqa: E402
-from samplecache.launch import DaemonProcess  # noqa: E402
+from samplecache_tools.launch import DaemonProcess  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

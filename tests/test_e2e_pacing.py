@@ -25,7 +25,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from byteproxy import ByteProxy
 
 pytestmark = pytest.mark.e2e

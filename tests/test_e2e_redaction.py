@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from samplecache.service.redact import RedactingFilter, redact
+from samplecache_service.config.redact import RedactingFilter, redact
 
 pytestmark = pytest.mark.e2e
 
@@ -69,7 +69,9 @@ def http_source(tmp_path: Path) -> Iterator[str]:
                           "name": pa.array([f"row {j}" for j in range(200)])})
         pq.write_table(table, root / "data" / f"part-{i}.parquet", row_group_size=50)
     (root / "data" / "garbage.parquet").write_bytes(b"not parquet at all " * 100)
-    handler = lambda *a, **k: RangeHandler(*a, directory=str(root), **k)  # noqa: E731
+    def handler(*a: Any, **k: Any) -> RangeHandler:
+        return RangeHandler(*a, directory=str(root), **k)
+
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()

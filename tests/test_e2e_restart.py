@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from samplecache.service.catalog import DBS
+from samplecache_service.store.catalog import DBS
 
 pytestmark = pytest.mark.e2e
 

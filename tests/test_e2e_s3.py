@@ -216,8 +216,8 @@ def test_the_daemon_and_its_samplers_never_load_torch(daemon: Any, typed_dataset
     loaded = {pid: torch_mappings(pid) for pid in pids}
     assert not any(loaded.values()), f"torch is mapped into daemon processes: {loaded}"
 
-    code = ("import sys, samplecache.service.api, samplecache.service.daemon, samplecache.service.cli, "
-            "samplecache.service.sampler, samplecache.service.supervisor, samplecache.record; "
+    code = ("import sys, samplecache_service.http.app, samplecache_service.daemon, samplecache_service.cli, "
+            "samplecache_service.sampling.sampler, samplecache_service.sampling.supervisor, samplecache.format.record; "
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
             "assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

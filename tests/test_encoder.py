@@ -1,4 +1,4 @@
-"""service/encoder.py: Arrow schema -> record schema, Arrow table -> record blocks."""
+"""service/samplecache_service/sampling/encoder.py: Arrow schema -> record schema, Arrow table -> record blocks."""
 
 from __future__ import annotations
 
@@ -10,19 +10,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from arrow_compare import assert_cells_equal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from arrow_compare import assert_cells_equal
 from parquet_data import CONST_LIST_LEN, TENSOR_SHAPE, VEC_LEN, make_typed_table
 
-from samplecache.record import BlockView, Column, Schema, decode_rows
-from samplecache.service.encoder import (
-    DEFAULT_BLOCK_BYTES,
-    UnsupportedColumn,
-    column_for,
-    encode_table,
-    infer_schema,
-)
+from samplecache.format.record import BlockView, Column, Schema, decode_rows
+from samplecache_service.remote.columns import UnsupportedColumn, column_for, infer_schema
+from samplecache_service.sampling.encoder import DEFAULT_BLOCK_BYTES, encode_table
 
 # (kind, dtype, shape) of every make_typed_table column, written out by hand.
 EXPECTED = {
@@ -655,8 +650,8 @@ def test_canonical_extension_types_are_served_as_their_storage(ext_type: pa.Data
 def test_pieces_are_the_block_and_view_the_table() -> None:
     """encode_table_pieces: joined, each block is encode_table's (checksum included); a fixed column's section is
     a view of the Arrow buffer, not a copy, so a sampler writes its staging file with no payload copy."""
-    from samplecache.record import verify_block
-    from samplecache.service.encoder import encode_table_pieces
+    from samplecache.format.record import verify_block
+    from samplecache_service.sampling.encoder import encode_table_pieces
     x = np.arange(64 * 1024, dtype=np.float32)
     t = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x), 1024), "y": pa.array(np.arange(64)),
                   "s": pa.array([None if i % 7 == 0 else f"s{i}" for i in range(64)])})

@@ -1,4 +1,4 @@
-"""Property tests of the eviction planner (``samplecache.service.eviction.plan_eviction``) for every policy.
+"""Property tests of the eviction planner (``samplecache_service.store.eviction.plan_eviction``) for every policy.
 
 Covers the planner's half of DESIGN invariant 2: pinned shards are never named, a plan that says it fits
 leaves the cache within budget, nothing is evicted when everything fits, the greedy prefix is minimal, and
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from samplecache.service.eviction import POLICIES, EvictionPlan, plan_eviction
+from samplecache_service.store.eviction import POLICIES, EvictionPlan, plan_eviction
 
 ALL_POLICIES = sorted(POLICIES)
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

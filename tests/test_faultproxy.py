@@ -14,7 +14,6 @@ import time
 from typing import Any, Iterator
 
 import pytest
-
 from faultproxy import FaultProxy
 
 BIG = 300_000  # bytes of the large test body

@@ -1,6 +1,6 @@
-"""Smoke run of ``python -m benchmarks.fidelity --quick``: the three training modes, a real S3 server and a real daemon whose
-25% budget fills and rolls; the report's structure, the cache mode's data checked against the ground truth, and
-the plots. No accuracy thresholds (a quick run is too short to say anything about fidelity)."""
+"""Smoke run of ``python -m benchmarks.fidelity --quick``: the three training modes, a real S3 server and a real
+daemon whose 25% budget fills and rolls; the report's structure, the cache mode's data checked against the ground
+truth, and the plots. No accuracy thresholds (a quick run is too short to say anything about fidelity)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from samplecache import gather
+from samplecache.reading import gather
 
 
 def jobs(n: int, width: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:

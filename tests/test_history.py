@@ -1,8 +1,9 @@
-"""service/history.py: the bounded ring of points, the running ingest totals and rates from counters."""
+"""service/samplecache_service/ops/history.py: the bounded ring of points, the running ingest totals and rates
+from counters."""
 
 from __future__ import annotations
 
-from samplecache.service.history import History, IngestTotals, Point, rate
+from samplecache_service.ops.history import History, IngestTotals, Point, rate
 
 
 def point(t: float, ingested: int = 0, evictions: int = 0) -> Point:

@@ -43,8 +43,10 @@ def test_tree_cpu_counts_children_live_and_reaped() -> None:
 
 
 def test_spent_splits_daemon_main_and_samplers() -> None:
-    a = Snapshot(machine=10.0, server=1.0, daemon={"own": 2.0, "descendants": 3.0, "total": 5.0}, threads={1: 1.0, 2: 0.5})
-    b = Snapshot(machine=14.0, server=1.5, daemon={"own": 2.5, "descendants": 5.0, "total": 7.5}, threads={1: 1.1, 2: 0.9, 3: 0.2})
+    a = Snapshot(machine=10.0, server=1.0, daemon={"own": 2.0, "descendants": 3.0, "total": 5.0},
+                 threads={1: 1.0, 2: 0.5})
+    b = Snapshot(machine=14.0, server=1.5, daemon={"own": 2.5, "descendants": 5.0, "total": 7.5},
+                 threads={1: 1.1, 2: 0.9, 3: 0.2})
     got = spent(a, b)
     assert got["machine"] == 4.0 and got["server"] == 0.5
     assert got["daemon_main"] == 0.5 and got["samplers"] == 2.0 and got["daemon_tree"] == 2.5
@@ -78,7 +80,8 @@ def test_missing_s3fs_is_named_with_its_install_command(tmp_path: Path) -> None:
     out = tmp_path / "ingest.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stub.parent), str(REPO)])}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.ingest", "--quick", "--json", str(out), "--workdir",
-                           str(tmp_path / "bench-data")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+                           str(tmp_path / "bench-data")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, report
     result = json.loads(out.read_text())
@@ -91,8 +94,8 @@ def test_missing_s3fs_is_named_with_its_install_command(tmp_path: Path) -> None:
 def test_ingest_quick(tmp_path: Path) -> None:
     out = tmp_path / "ingest.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.ingest", "--quick", "--scaling", "1,2", "--oversubscribe", "--no-variants", "--differential",
-         "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
+        [sys.executable, "-m", "benchmarks.ingest", "--quick", "--scaling", "1,2", "--oversubscribe", "--no-variants",
+         "--differential", "--json", str(out), "--workdir", str(tmp_path / "bench-data")],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
     assert out.exists(), report
@@ -111,7 +114,8 @@ def test_ingest_quick(tmp_path: Path) -> None:
         p = r["cpu"]["processes"]
         assert p["raw_server"] > 0 and p["raw_readers"] > 0 and p["ingest_samplers"] >= 0, report
         start = r["cpu"]["startup_cpu_s"]
-        assert start["per_sampler"] > 0 and 0 <= start["after_healthz"] <= start["spawned"] * start["per_sampler"], report
+        assert (start["per_sampler"] > 0
+                and 0 <= start["after_healthz"] <= start["spawned"] * start["per_sampler"]), report
         assert r["cpu"]["incl_start"]["processes_ms_per_mb"] >= p["ingest_ms_per_mb"], report
         m = r["cpu"]["marginal"]  # the first half of the files ingested again: verified, fewer bytes
         assert "error" not in m and 0 < m["part_mb"] < r["ingest"]["mb"], f"{m}\n{report}"
@@ -178,7 +182,8 @@ def test_ingest_steady_state(tmp_path: Path) -> None:
     assert w["budget"] < r["ingest"]["status"]["bytes"] and w["evicted_shards"] > 0 and w["mb"] > 0, report
     assert w["seconds"] >= 2 and w["mb_per_s"] == pytest.approx(w["mb"] / w["seconds"]), report
     assert w["ratio"] == pytest.approx(w["proc_cpu_ms_per_mb"] / r["cpu"]["processes"]["raw_ms_per_mb"]), report
-    assert w["decode_ratio"] == pytest.approx(w["proc_cpu_ms_per_mb"] / r["cpu"]["decode"]["processes_ms_per_mb"]), report
+    assert w["decode_ratio"] == pytest.approx(
+        w["proc_cpu_ms_per_mb"] / r["cpu"]["decode"]["processes_ms_per_mb"]), report
     assert w["target_ok"] == (w["ratio"] <= 1.5), report
     assert w["proc_cpu_ms_per_mb"] == pytest.approx(sum(w["parts"].values()), rel=1e-6), report
     assert all(v > 0 for v in w["data_file_mb"]), report

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from samplecache.service.errors import Conflict, NotFound, ServiceError
-from samplecache.service.jobs import JobTable
+from samplecache_service.epochs.jobs import JobTable
+from samplecache_service.errors import Conflict, NotFound, ServiceError
 
 
 class Clock:
@@ -132,7 +132,7 @@ def test_saved_jobs_come_back_with_a_fresh_ttl(table: JobTable, clock: Clock) ->
 
 
 def test_expired_jobs_beyond_the_cap_are_forgotten_oldest_first(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
-    import samplecache.service.jobs as jobs
+    import samplecache_service.epochs.jobs as jobs
     monkeypatch.setattr(jobs, "JOBS_KEPT", 3)
     table = JobTable(ttl=1.0, clock=clock)
     for i in range(3):

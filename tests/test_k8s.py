@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from deploy_tools import DEPLOY, INSTALL_TEST_EXTRA, console_script, run, tool
 
 K8S = DEPLOY / "k8s"
@@ -124,7 +123,7 @@ def test_config_map_is_a_valid_daemon_config(manifests: dict[tuple[str, str], di
     mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
     volume = next(v for v in ds["volumes"] if v["name"] == "config")
     assert volume["configMap"]["name"] == "samplecache-config"
-    from samplecache.service.config import DEFAULT_CONFIG
+    from samplecache_service.config.file import DEFAULT_CONFIG
 
     assert Path(mount["mountPath"]) / "samplecache.toml" == DEFAULT_CONFIG, "the daemon would not find its file"
     (tmp_path / "samplecache.toml").write_text(config_map["data"]["samplecache.toml"])
@@ -139,8 +138,8 @@ def test_config_map_is_a_valid_daemon_config(manifests: dict[tuple[str, str], di
 
 
 def test_probes_and_metrics_are_daemon_routes(manifests: dict[tuple[str, str], dict[str, Any]]) -> None:
-    from samplecache.service.api import create_app
-    from samplecache.service.settings import Settings
+    from samplecache_service.config.settings import Settings
+    from samplecache_service.http.app import create_app
 
     paths = set(create_app(Settings(source="file:///nowhere")).openapi()["paths"])
     container = pod_spec(manifests[("DaemonSet", "samplecache")])["containers"][0]

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from samplecache.service.catalog import Shard
-from samplecache.service.epochs import select_shards
-from samplecache.service.errors import Gone, Invalid, NotFound, ServiceError
-from samplecache.service.leases import Lease, LeaseTable
+from samplecache_service.epochs.leases import Lease, LeaseTable
+from samplecache_service.epochs.manager import select_shards
+from samplecache_service.errors import Gone, Invalid, NotFound, ServiceError
+from samplecache_service.store.catalog import Shard
 
 
 class FakeClock:

@@ -1,5 +1,6 @@
-"""Log lines (service/logfmt.py): the JSON format's stable keys, one line per record, credentials masked, every
-event named and documented in docs/logging.md; and a real daemon that logs only JSON with ``--log-format json``."""
+"""Log lines (service/samplecache_service/ops/logs.py): the JSON format's stable keys, one line per record,
+credentials masked, every event named and documented in docs/logging.md; and a real daemon that logs only JSON
+with ``--log-format json``."""
 
 from __future__ import annotations
 
@@ -18,10 +19,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-
-from samplecache.service.logfmt import (CONTEXT_KEYS, DEFAULT_EVENTS, FALLBACK_EVENT, JsonFormatter, TextFormatter,
-                                         TEXT_FORMAT, configure_logging, rfc3339, set_level)
 from test_e2e_redaction import SECRET, http_source  # noqa: F401  (a fixture: an HTTP source with a password)
+
+from samplecache_service.ops.logs import (
+    CONTEXT_KEYS,
+    DEFAULT_EVENTS,
+    FALLBACK_EVENT,
+    TEXT_FORMAT,
+    JsonFormatter,
+    TextFormatter,
+    configure_logging,
+    rfc3339,
+    set_level,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "logging.md"
@@ -151,7 +161,7 @@ def test_configure_logging_replaces_only_its_own_handler_and_set_level_changes_t
 
 # ----------------------------------------------------------------------------- every event named and documented
 def log_calls() -> Iterator[tuple[str, int, ast.Call]]:
-    for path in sorted((REPO / "service").glob("*.py")):
+    for path in sorted((REPO / "service").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr in LOG_METHODS and isinstance(node.func.value, ast.Name)
@@ -161,7 +171,7 @@ def log_calls() -> Iterator[tuple[str, int, ast.Call]]:
 
 def events_in_code() -> set[str]:
     names = set()
-    for path in sorted((REPO / "service").glob("*.py")):
+    for path in sorted((REPO / "service").rglob("*.py")):
         names |= set(re.findall(r'"event": "([^"]+)"', path.read_text()))
     return names | set(DEFAULT_EVENTS.values()) | {FALLBACK_EVENT}
 
@@ -289,7 +299,7 @@ def test_json_logs_mask_the_password_of_the_source_url(daemon: Any, http_source:
 
 def test_a_daemon_that_cannot_start_says_why_in_one_json_line(tmp_path: Path) -> None:
     source = f"file://{tmp_path}/missing"
-    r = subprocess.run([sys.executable, "-m", "samplecache.service", "serve", "--source", source, "--cache-dir",
+    r = subprocess.run([sys.executable, "-m", "samplecache_service", "serve", "--source", source, "--cache-dir",
                         str(tmp_path / "cache"), "--port", "0", "--log-format", "json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stderr

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from conftest import Daemons, ServedDaemon, TypedDataset
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-
-from conftest import Daemons, ServedDaemon, TypedDataset
 from s3server import S3Server
 
 pytestmark = pytest.mark.e2e
@@ -38,14 +37,16 @@ TYPES = {  # family (as the parser names it: counters without _total) -> type
     "samplecache_ingest_seconds": "histogram", "samplecache_lmdb_commits": "counter",
     "samplecache_remote_read_bytes": "counter", "samplecache_remote_sampler_bytes": "counter",
     "samplecache_remote_needed_bytes": "counter", "samplecache_pacing_allowance_bytes": "gauge",
-    "samplecache_sampler_state": "gauge", "samplecache_sampler_processes": "gauge", "samplecache_sampler_tasks": "gauge",
-    "samplecache_sampler_restarts": "counter", "samplecache_sampler_errors": "counter",
+    "samplecache_sampler_state": "gauge", "samplecache_sampler_processes": "gauge",
+    "samplecache_sampler_tasks": "gauge", "samplecache_sampler_restarts": "counter",
+    "samplecache_sampler_errors": "counter",
     "samplecache_sampler_units_given_up": "counter", "samplecache_remote_errors": "counter",
     "samplecache_quarantined_files": "gauge", "samplecache_coverage_row_ratio": "gauge",
     "samplecache_coverage_unit_ratio": "gauge", "samplecache_coverage_passes": "gauge",
     "samplecache_remote_units": "gauge", "samplecache_remote_rows": "gauge", "samplecache_health_problems": "gauge",
-    "samplecache_thread_failures": "counter", "samplecache_epochs_sealed": "counter", "samplecache_epochs_kept": "gauge",
-    "samplecache_pinned_epochs": "gauge", "samplecache_leases": "gauge", "samplecache_jobs": "gauge",
+    "samplecache_thread_failures": "counter", "samplecache_epochs_sealed": "counter",
+    "samplecache_epochs_kept": "gauge", "samplecache_pinned_epochs": "gauge", "samplecache_leases": "gauge",
+    "samplecache_jobs": "gauge",
     "samplecache_http_request_duration_seconds": "histogram", "samplecache_lmdb_map_used_bytes": "gauge",
     "samplecache_lmdb_map_size_bytes": "gauge", "samplecache_lmdb_file_bytes": "gauge",
     "samplecache_lmdb_readers": "gauge", "samplecache_lmdb_max_readers": "gauge",
@@ -77,7 +78,8 @@ class Scrape:
         return sum(float(s.value) for s in self.samples() if s.name == name)
 
     def routes(self) -> set[str]:
-        return {s.labels["route"] for s in self.samples() if s.name == "samplecache_http_request_duration_seconds_count"}
+        return {s.labels["route"] for s in self.samples()
+                if s.name == "samplecache_http_request_duration_seconds_count"}
 
 
 def scrape(d: ServedDaemon) -> Scrape:
@@ -129,14 +131,16 @@ def test_metrics_agree_with_status_and_counters_grow_while_ingesting(daemon: Any
         assert first.families[name].type == kind, (name, first.families[name].type)
 
     # counters grow while the daemon ingests (and evicts to stay in its budget)
-    grows = ("samplecache_ingested_bytes_total", "samplecache_ingested_shards_total", "samplecache_ingested_samples_total",
-             "samplecache_remote_read_bytes_total", "samplecache_lmdb_commits_total", "samplecache_ingest_seconds_count",
+    grows = ("samplecache_ingested_bytes_total", "samplecache_ingested_shards_total",
+             "samplecache_ingested_samples_total", "samplecache_remote_read_bytes_total",
+             "samplecache_lmdb_commits_total", "samplecache_ingest_seconds_count",
              "samplecache_evictions_total", "samplecache_evicted_bytes_total")
     until(lambda: all(scrape(d).total(n) > first.total(n) for n in grows), 30, f"every one of {grows} to grow")
     m = scrape(d)
     assert m.value("samplecache_evictions_total", reason="ingest") > 0
     assert m.value("samplecache_evictions_total", reason="config") == 0
-    assert m.value("samplecache_sampler_state", state="sampling") + m.value("samplecache_sampler_state", state="paused") == 1
+    assert (m.value("samplecache_sampler_state", state="sampling")
+            + m.value("samplecache_sampler_state", state="paused")) == 1
 
     # paused and settled: every number equals what /v1/status says
     assert call(d, "POST", "/v1/samplers/pause") == 200

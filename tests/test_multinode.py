@@ -33,13 +33,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
 from conftest import children_of, process_group
 from parquet_data import make_typed_table
 from s3server import S3Server
 
-from samplecache.launch import DaemonProcess
-from samplecache.service.planner import Unit, node_of
+from samplecache_service.remote.planner import Unit, node_of
+from samplecache_tools.launch import DaemonProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -413,7 +412,8 @@ def ids_of_unit(unit: tuple[str, int]) -> range:
     return range(start, start + ROW_GROUP)
 
 
-ALL_UNITS = {(f"{BUCKET}/{PREFIX}/part-{f:05d}.parquet", g) for f in range(FILES) for g in range(ROWS_PER_FILE // ROW_GROUP)}
+ALL_UNITS = {(f"{BUCKET}/{PREFIX}/part-{f:05d}.parquet", g)
+             for f in range(FILES) for g in range(ROWS_PER_FILE // ROW_GROUP)}
 
 
 def expected_f32() -> dict[int, float]:

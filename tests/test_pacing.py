@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from samplecache.service.pacing import Pacer
+from samplecache_service.sampling.pacing import Pacer
 
 MB = 1_000_000
 

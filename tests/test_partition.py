@@ -1,4 +1,4 @@
-"""client/partition.py: splitting an epoch over ranks x DataLoader workers (invariants 4 and 5)."""
+"""client/samplecache/reading/partition.py: splitting an epoch over ranks x DataLoader workers (invariants 4 and 5)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from samplecache.partition import (
+from samplecache.reading.partition import (
     PARTIAL,
     Span,
     part_range,

@@ -1,4 +1,5 @@
-"""service/planner.py: remote units sampled without replacement, a persisted cursor, node partitions (invariant 6)."""
+"""service/samplecache_service/remote/planner.py: remote units sampled without replacement, a persisted cursor,
+node partitions (invariant 6)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from samplecache.service.planner import (
+from samplecache_service.remote.planner import (
     Pick,
     Planner,
     Unit,

@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from samplecache import gather, prefetch, reader
+from samplecache.reading import gather, prefetch, reader
 
 
 def test_closing_the_consumer_stops_a_producer_waiting_to_put_at_once() -> None:

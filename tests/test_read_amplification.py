@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from byteproxy import ByteProxy
-from samplecache.service.remote import FOOTER_GUESS, FsspecRemote, chunk_bytes, classify_error
+
+from samplecache_service.remote.stores import FOOTER_GUESS, FsspecRemote, chunk_bytes, classify_error
 
 
 def write(path: Path, table: pa.Table, row_group_size: int) -> int:

@@ -1,4 +1,4 @@
-"""client/record.py: the shared record/wire format (schema JSON, blocks, keys)."""
+"""client/samplecache/format/record.py: the shared record/wire format (schema JSON, blocks, keys)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from samplecache.blockenc import ColumnData, encode_block
-from samplecache.record import (
+from samplecache.format.blockenc import ColumnData, encode_block
+from samplecache.format.record import (
     ALIGN,
     FORMAT_VERSION,
     MAGIC,
@@ -474,7 +474,7 @@ def test_keys_out_of_range_raise() -> None:
 
 
 def test_packed_shard_table_round_trips() -> None:
-    from samplecache.record import pack_shard_table, unpack_shard_table
+    from samplecache.format.manifest import pack_shard_table, unpack_shard_table
 
     table = [[5, 100, 4096, 40], [9, 7, 300, 7], [10, 1, 1 << 33, 1]]
     assert unpack_shard_table(pack_shard_table(table)).tolist() == table

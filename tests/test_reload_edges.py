@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from samplecache.service import config as config_mod
-from samplecache.service.config import load
-from samplecache.service.reload import Reloader
+from samplecache_service.config import file as config_mod
+from samplecache_service.config.file import load
+from samplecache_service.ops.reload import Reloader
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +81,7 @@ def test_sighup_while_the_daemon_starts_does_not_kill_it(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("SAMPLECACHE_", "AWS_"))}
     env.update(AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_DEFAULT_REGION="us-east-1")
     opts = json.dumps({"client_kwargs": {"endpoint_url": endpoint}, "config_kwargs": {"retries": {"max_attempts": 1}}})
-    proc = subprocess.Popen([sys.executable, "-m", "samplecache.service", "serve", "--source", "s3://b/p/",
+    proc = subprocess.Popen([sys.executable, "-m", "samplecache_service", "serve", "--source", "s3://b/p/",
                              "--cache-dir", str(tmp_path / "cache"), "--samplers", "1", "--port", "0",
                              "--storage-options", opts], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)

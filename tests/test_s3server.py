@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from parquet_data import make_learnable_table, make_raw_table, make_typed_table, write_dataset
 from s3server import S3Server
 

@@ -1,6 +1,6 @@
-"""``--schema-file``: reading the pinned schema (service/schemas.py ``load_schema_file``), the check that a file
-fits it without widening it (``check_fits``), and discovery's use of both (a file:// source: unit tests; the
-same through a real daemon on S3 is in test_e2e_schema_file.py)."""
+"""``--schema-file``: reading the pinned schema (service/samplecache_service/remote/schemas.py
+``load_schema_file``), the check that a file fits it without widening it (``check_fits``), and discovery's use
+of both (a file:// source: unit tests; the same through a real daemon on S3 is in test_e2e_schema_file.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from samplecache.service.catalog import Catalog
-from samplecache.service.discovery import Discovery
-from samplecache.service.remote import FsspecRemote, RemoteError
-from samplecache.service.schemas import SchemaConflict, check_fits, conform, load_schema_file, normalize, to_text
-from samplecache.service.writer import Writer, open_env
+from samplecache_service.remote.discovery import Discovery
+from samplecache_service.remote.schemas import SchemaConflict, check_fits, conform, load_schema_file, normalize, to_text
+from samplecache_service.remote.stores import FsspecRemote, RemoteError
+from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.writer import Writer, open_env
 
 PINNED = pa.schema([pa.field("id", pa.int64()), pa.field("x", pa.float64()), pa.field("t", pa.string()),
                     pa.field("ts", pa.timestamp("us", tz="UTC"))])

@@ -1,4 +1,5 @@
-"""service/settings.py + service/cli.py: one validated Settings object from flags and SAMPLECACHE_* variables."""
+"""service/samplecache_service/config/settings.py + service/samplecache_service/cli.py: one validated Settings
+object from flags and SAMPLECACHE_* variables."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Iterator
 import pytest
 from pydantic import ValidationError
 
-from samplecache.service.cli import _flag, _settings_from, build_parser, main
-from samplecache.service.settings import Settings
+from samplecache_service.cli import _flag, _settings_from, build_parser, main
+from samplecache_service.config.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -38,7 +39,7 @@ def _clean_environ() -> dict[str, str]:
 
 
 def _serve(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "samplecache.service", "serve", *args], cwd=tmp_path,
+    return subprocess.run([sys.executable, "-m", "samplecache_service", "serve", *args], cwd=tmp_path,
                           env={**_clean_environ(), **(env or {})}, capture_output=True, text=True, timeout=120)
 
 
@@ -301,7 +302,7 @@ def test_bad_storage_options_flag_is_a_usage_error(capsys: pytest.CaptureFixture
 
 @pytest.fixture(scope="module")
 def serve_help(tmp_path_factory: pytest.TempPathFactory) -> str:
-    r = subprocess.run([sys.executable, "-m", "samplecache.service", "serve", "--help"],
+    r = subprocess.run([sys.executable, "-m", "samplecache_service", "serve", "--help"],
                        cwd=tmp_path_factory.mktemp("help"), env=_clean_environ(), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
@@ -315,7 +316,8 @@ def test_every_setting_is_a_serve_flag(name: str, serve_help: str) -> None:
     # and it reaches Settings under its own name
     value = {"source": "s3://x/", "cache_dir": "/tmp/x", "max_bytes": "2GiB", "min_free_disk": "1GB",
              "samplers": "255", "host": "::1", "port": "1234", "token": "t", "storage_options": '{"a": 1}',
-             "columns": "a", "seed": "3", "eviction_policy": "random", "lease_ttl": "3", "epoch_headroom": "0.1", "epoch_max_samples": "7",
+             "columns": "a", "seed": "3", "eviction_policy": "random", "lease_ttl": "3", "epoch_headroom": "0.1",
+             "epoch_max_samples": "7",
              "discover_interval": "9", "node_rank": "0", "num_nodes": "2", "block_bytes": "8KiB",
              "epoch_wait_max": "4", "epochs_kept": "9", "retry_seconds": "2", "log_level": "error", "pacing": "off",
              "replace_per_epoch": "0.5", "max_ingest_rate": "1MB", "unit_bytes": "16MiB",

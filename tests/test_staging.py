@@ -1,4 +1,5 @@
-"""service/staging.py: staging files (tmp -> rename), reading them back, recovery after a crash."""
+"""service/samplecache_service/store/staging.py: staging files (tmp -> rename), reading them back, recovery after
+a crash."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from samplecache.blockenc import ColumnData, encode_block
-from samplecache.record import Column, Schema, decode_rows
-from samplecache.service.staging import (
+from samplecache.format.blockenc import ColumnData, encode_block
+from samplecache.format.record import Column, Schema, decode_rows
+from samplecache_service.store.staging import (
     MAGIC,
     SUFFIX,
     TMP_SUFFIX,

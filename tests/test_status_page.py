@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-
 from chromium import Chromium, Page
 from parquet_data import write_dataset
 

@@ -1,4 +1,5 @@
-"""service/supervisor.py: the sampler process pool (spawned workers, death -> failed result + replacement, stop)."""
+"""service/samplecache_service/sampling/supervisor.py: the sampler process pool (spawned workers, death -> failed
+result + replacement, stop)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Iterator
 import pytest
 from supervisor_targets import close_fds_then_exit, crash_or_echo, echo, make_task, sleep_then_echo
 
-from samplecache.service.sampler import SampleResult
-from samplecache.service.supervisor import Supervisor
+from samplecache_service.sampling.sampler import SampleResult
+from samplecache_service.sampling.supervisor import Supervisor
 
 TESTS = str(Path(__file__).resolve().parent)
 

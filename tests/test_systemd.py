@@ -29,9 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from deploy_tools import (DEPLOY, INSTALL_SYSTEMD, console_script, get, free_port, one, run, tool,
-                          unit_directives)
+from deploy_tools import DEPLOY, INSTALL_SYSTEMD, console_script, free_port, get, one, run, tool, unit_directives
 from unit_sandbox import SMOKE, sandboxed, write_policy
 
 UNIT = DEPLOY / "samplecache.service"
@@ -68,7 +66,8 @@ def checkable(unit: Path, where: Path) -> Path:
     """
     text = unit.read_text()
     lines = [ln for ln in text.splitlines() if ln.startswith("ExecStart")]
-    assert lines == [f"ExecStart={EXEC_START[unit]}"], f"{unit.name}: expected ExecStart={EXEC_START[unit]}, found {lines}"
+    assert lines == [f"ExecStart={EXEC_START[unit]}"], (
+        f"{unit.name}: expected ExecStart={EXEC_START[unit]}, found {lines}")
     (where / unit.name).write_text(text.replace(f"ExecStart={BINARY} ", f"ExecStart={console_script()} "))
     return where / unit.name.replace("@.", f"@{INSTANCE}.")  # verify/security use the file name as the unit name
 
@@ -117,7 +116,9 @@ def template() -> dict[str, list[str]]:
 
 def test_unit_contract(unit: dict[str, list[str]]) -> None:
     """What the score does not see: lifecycle, identity, paths shared with trainers."""
-    s = lambda key: one(unit, f"Service.{key}")  # noqa: E731
+    def s(key: str) -> str:
+        return one(unit, f"Service.{key}")
+
     assert s("Type") in ("exec", "simple")
     assert s("ExecReload") == EXEC_RELOAD  # run for real by test_reload_rereads_the_config_file
     assert s("Restart") == "on-failure"
@@ -146,7 +147,8 @@ def test_unit_contract(unit: dict[str, list[str]]) -> None:
 def test_template_is_the_unit_per_instance(unit: dict[str, list[str]], template: dict[str, list[str]]) -> None:
     """Same hardening, lifecycle and identity as the single unit; its own config file, env file and cache dir."""
     differ = {k for k in unit.keys() | template.keys() if unit.get(k) != template.get(k)}
-    assert differ <= INSTANCE_LINES.keys(), f"lines that differ but name no instance: {sorted(differ - INSTANCE_LINES.keys())}"
+    assert differ <= INSTANCE_LINES.keys(), (
+        f"lines that differ but name no instance: {sorted(differ - INSTANCE_LINES.keys())}")
     for key, values in INSTANCE_LINES.items():
         assert template.get(key) == values, f"{key}: {template.get(key)}"
 

@@ -119,7 +119,9 @@ def test_buffers_are_aligned_and_reused_only_when_nothing_holds_them() -> None:
     first = a.ctypes.data
     batches = iter(tf.data.Dataset.from_generator(lambda: iter([a[:32]]), output_signature=tf.TensorSpec([32, 1024])))
     t = next(batches)  # TensorFlow adopts the aligned array (no copy): the tensor holds the buffer
-    del a, batches
+    # `a` rebound rather than deleted: the generator's lambda reads the same name; either way the buffer is let go
+    a = None
+    del batches
     b = pool.alloc("x", shape, f4)
     assert b is not None and b.ctypes.data != first
     b[:] = 2.0

@@ -1,5 +1,5 @@
 """Training through the cache learns: the demo's Gaussian-cluster task uploaded to S3, a daemon on ``s3://``, and
-``samplecache.demo.train`` (2 DataLoader workers, 3 epochs); plus the ``samplecache demo`` command end to end.
+``samplecache_tools.demo.train`` (2 DataLoader workers, 3 epochs); plus the ``samplecache demo`` command end to end.
 
 Threshold: validation accuracy > 0.8 after the last epoch. The task's clusters overlap (a nearest-centroid
 classifier that knows the true centres scores about 0.87 on the validation set), so 0.8 needs real learning
@@ -19,8 +19,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import client_common as cc  # noqa: E402
 
-from samplecache import demo  # noqa: E402
-from samplecache.launch import DaemonProcess  # noqa: E402
+from samplecache_tools import demo  # noqa: E402
+from samplecache_tools.launch import DaemonProcess  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -72,7 +72,7 @@ def test_demo_train_over_s3_reaches_the_accuracy_threshold(daemon_url: str, caps
 
 def samplecache_command() -> list[str]:
     script = Path(sys.executable).with_name("samplecache")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "samplecache.service"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "samplecache_service"]
 
 
 def test_samplecache_demo_command_runs_two_epochs(tmp_path: Path) -> None:

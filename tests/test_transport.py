@@ -9,7 +9,7 @@ import os
 import numpy as np
 import torch
 
-from samplecache.transport import Ring, RingBatch, SlotWriter, materialize, ring_batch
+from samplecache.pytorch.transport import Ring, RingBatch, SlotWriter, materialize, ring_batch
 
 
 def filled(ring: Ring, worker: int, value: float) -> RingBatch:

@@ -1,4 +1,4 @@
-"""``mypy --strict`` over the daemon (samplecache.service) and the wire format (samplecache.record, .nested)."""
+"""``mypy --strict`` over the daemon (samplecache.service) and the wire format (samplecache.format.record, .nested)."""
 
 from __future__ import annotations
 

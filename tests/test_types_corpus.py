@@ -25,8 +25,9 @@ import pyarrow.parquet as pq
 import pytest
 from arrow_compare import assert_cells_equal, expected_cells
 
-from samplecache.record import Column, Schema, decode_rows
-from samplecache.service.encoder import encode_table, infer_schema
+from samplecache.format.record import Column, Schema, decode_rows
+from samplecache_service.remote.columns import infer_schema
+from samplecache_service.sampling.encoder import encode_table
 
 BLOCK_SIZES = (1, 700, 1 << 30)
 

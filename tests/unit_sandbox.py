@@ -14,7 +14,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from deploy_tools import INSTALL_SYSTEMD, INSTALL_TEST_EXTRA, one, run, tool
 
 # Runs in a fresh interpreter: loads the policy into the kernel, then execs the command.
@@ -123,7 +122,7 @@ SMOKE = textwrap.dedent("""
         except OSError:
             pass
         import numpy as np, pyarrow as pa, pyarrow.parquet as pq, lmdb, fsspec, fastapi, uvicorn
-        import samplecache.service.daemon, samplecache.service.api  # noqa: F401  the daemon's own modules
+        import samplecache_service.daemon, samplecache_service.http.app  # noqa: F401  the daemon's own modules
         d = tempfile.mkdtemp()
         pq.write_table(pa.table({"x": np.arange(20000, dtype=np.float32), "s": [str(i) for i in range(20000)]}),
                        f"{d}/a.parquet", row_group_size=5000)

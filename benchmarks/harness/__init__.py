@@ -47,13 +47,44 @@ A benchmark's outline:
 from __future__ import annotations
 
 from .cli import common, human, ints, loader_sizes, log, parse_size, parser, sizes, subset
-from .daemon import (all_shards, build_cache, fetch_epoch, http_get, http_json, serve, start_daemon, stop_daemon,
-                     wait_idle, wait_samples)
-from .data import (BENCH_FORMAT, LARGE_STRIDE, MB, Check, Spec, generate, make_specs, read_json, write_json,
-                   write_parquet)
+from .daemon import (
+                     all_shards,
+                     build_cache,
+                     fetch_epoch,
+                     http_get,
+                     http_json,
+                     serve,
+                     start_daemon,
+                     stop_daemon,
+                     wait_idle,
+                     wait_samples,
+)
+from .data import (
+                     BENCH_FORMAT,
+                     LARGE_STRIDE,
+                     MB,
+                     Check,
+                     Spec,
+                     generate,
+                     make_specs,
+                     read_json,
+                     write_json,
+                     write_parquet,
+)
 from .needs import NEEDS, Missing, find_tool, missing, missing_lines, missing_report, print_missing, require
-from .report import (exit_code, finish, fmt, host, load_note, loadavg, machine, rows_json, text_table, versions,
-                     write_report)
+from .report import (
+                     exit_code,
+                     finish,
+                     fmt,
+                     host,
+                     load_note,
+                     loadavg,
+                     machine,
+                     rows_json,
+                     text_table,
+                     versions,
+                     write_report,
+)
 from .s3 import row_group_ranges, s3_server, s3fs_options, upload
 from .verify import Row, Tally, batches_pass, fail, lmdb_check, lmdb_scan, measure, release_cache
 

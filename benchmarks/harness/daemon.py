@@ -1,6 +1,6 @@
 """The real daemon under a benchmark: start, wait for samples (or idle), fetch manifests, stop.
 
-``start_daemon(source, cache, ...)`` runs ``samplecache serve`` through ``samplecache.launch.DaemonProcess``
+``start_daemon(source, cache, ...)`` runs ``samplecache serve`` through ``samplecache_tools.launch.DaemonProcess``
 (its own process group; log in ``log_path``) and waits for ``/healthz``. ``stop_daemon(d)`` stops it and
 raises with the log tail when it exited badly. ``wait_samples`` polls ``/v1/status`` until the cache holds
 exactly the expected samples (quarantined files, more samples than the source, a dead daemon or the time
@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from samplecache.launch import DaemonProcess
+from samplecache_tools.launch import DaemonProcess
 
 from .data import MB, Log, Spec, read_json, write_json
 

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from samplecache.record import FORMAT_VERSION
+from samplecache.format.record import FORMAT_VERSION
 
 BENCH_FORMAT = 1           # bump when the generated data or the build procedure changes
 LARGE_STRIDE = 4096        # the float32 checksum: every 4096th item of x, as int32 bits

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from samplecache.reader import open_cache
-from samplecache.record import BlockView, Schema, shard_prefix
+from samplecache.format.record import BlockView, Schema, shard_prefix
+from samplecache.reading.reader import open_cache
 
 from .data import MB, Check, Log
 
@@ -174,8 +174,8 @@ def lmdb_check(manifest: dict[str, Any], release: bool = False) -> tuple[int, in
 
 
 def release_cache(lmdb_path: str) -> None:
-    """Close this process's read-only handle on the cache at ``lmdb_path`` (``samplecache.reader``'s)."""
-    from samplecache import reader
+    """Close this process's read-only handle on the cache at ``lmdb_path`` (``samplecache.reading.reader``'s)."""
+    from samplecache.reading import reader
     got = reader._ENVS.pop(lmdb_path, None)
     if got is not None:
         got[1].close()

@@ -20,7 +20,7 @@ URL = "http://127.0.0.1:8750"
 def upload(target: str) -> int:
     import s3fs
 
-    from samplecache.demo import write_dataset
+    from samplecache_tools.demo import write_dataset
 
     fs = s3fs.S3FileSystem()
     bucket = target.removeprefix("s3://").split("/", 1)[0]
@@ -46,7 +46,7 @@ def upload(target: str) -> int:
 
 
 def train(epochs: int) -> int:
-    from samplecache.demo import train as train_demo
+    from samplecache_tools.demo import train as train_demo
 
     history = train_demo(URL, epochs=epochs, workers=2, min_samples=2000)
     final = history[-1]

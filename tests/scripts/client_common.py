@@ -32,9 +32,10 @@ if str(TESTS) not in sys.path:
 
 from parquet_data import write_dataset  # noqa: E402
 
-from samplecache.launch import DaemonProcess  # noqa: E402
-from samplecache.reader import open_cache  # noqa: E402
-from samplecache.record import BlockView, Schema, record_key, unpack_shard_table  # noqa: E402
+from samplecache.format.manifest import unpack_shard_table  # noqa: E402
+from samplecache.format.record import BlockView, Schema, record_key  # noqa: E402
+from samplecache.reading.reader import open_cache  # noqa: E402
+from samplecache_tools.launch import DaemonProcess  # noqa: E402
 
 FILES, ROWS_PER_FILE, ROW_GROUP = 3, 397, 61
 TOTAL = FILES * ROWS_PER_FILE  # 1191

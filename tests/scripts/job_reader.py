@@ -23,13 +23,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import client_common as cc
 import torch
 import torch.distributed as dist
 
-import client_common as cc
-
 from samplecache import SampleCacheDataset, SampleCacheLoader
-from samplecache.daemon_api import fetch_manifest
+from samplecache.api.client import fetch_manifest
 
 
 def job_epoch_ids(url: str, job: str, epoch: int) -> tuple[int, list[int]]:

@@ -42,7 +42,7 @@ class WorkerView(IterableDataset):  # type: ignore[type-arg]
     """What the client's topology looks like inside a DataLoader worker."""
 
     def __iter__(self) -> Any:
-        import samplecache.dataset as scd
+        import samplecache.pytorch.dataset as scd
 
         info = get_worker_info()
         view: dict[str, Any] = {"worker": -1 if info is None else info.id}

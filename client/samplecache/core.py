@@ -1,0 +1,387 @@
+"""``samplecache.core``: reading the cache with no framework (numpy and the standard library only).
+
+One ``Reader`` per job: its epochs (job, manifests fetched once per process, the next one fetched ahead, leases
+while reading), the split of an epoch over ranks x workers (``Position``), and the reading itself, as
+per-sample dicts (``samples``) or columnar numpy batches (``batches``, vectorised gathers). ``ResumeState``: where
+a reader stands, as documented JSON (README). The PyTorch, TensorFlow, JAX/NumPy and DALI adapters sit on top.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from samplecache.api.client import DaemonError, EpochGone, request_json
+from samplecache.format.constants import MAX_NUMBER
+from samplecache.reading.batching import ahead, batch_groups, batch_items, gather_batches
+from samplecache.reading.bufferpool import BufferPool
+from samplecache.reading.epoch_clock import EpochClock
+from samplecache.reading.epoch_source import EpochPlan, EpochSource, MissingColumn, check_columns
+from samplecache.reading.gather import default_threads
+from samplecache.reading.partition import PARTIAL, part_range, rank_range, shard_order, spans_for
+from samplecache.reading.prefetch import prefetched
+from samplecache.reading.reader import split_batch
+from samplecache.reading.stream import Stream
+
+FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
+PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
+STATE_VERSION = 1
+
+Gather = Callable[[EpochPlan, np.ndarray, np.ndarray, int], Iterator[tuple[int, Any]]]
+
+
+def epoch_number(value: Any, name: str = "epoch") -> int:
+    """``value`` as an epoch number: an int with 0 <= value < 2**53 (the epoch clock counts in int64)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < MAX_NUMBER:
+        raise ValueError(f"{name} must be an int with 0 <= {name} < 2**53, not {value!r}")
+    return int(value)
+
+
+# -- options ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CacheOptions:
+    """Where the cache is and how to talk to the daemon. ``token`` None: SAMPLECACHE_TOKEN, else the daemon's
+    token file; ``deadline`` None: SAMPLECACHE_DEADLINE, else 60 s per call; ``retries`` None: as many as the
+    deadline allows; ``min_samples``/``wait``: an epoch waits up to ``wait`` s for that many cached samples;
+    ``prefetch_next``: fetch and lease the next epoch's manifest when 95% of this one is read."""
+
+    url: str = "http://127.0.0.1:8750"
+    columns: Sequence[str] | None = None
+    job: str | None = None
+    token: str | None = None
+    deadline: float | None = None
+    retries: int | None = None
+    lease: bool = True
+    min_samples: int = 1
+    wait: float = 60.0
+    prefetch_next: bool = True
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """How an epoch is split and ordered (``partial``: see ``samplecache.reading.partition``)."""
+
+    shuffle: bool = True
+    seed: int = 0
+    partial: str = "pad"
+    shuffle_buffer: int = 0
+
+    def __post_init__(self) -> None:
+        if self.partial not in PARTIAL:
+            raise ValueError(f"partial must be one of {PARTIAL}, not {self.partial!r}")
+        if int(self.shuffle_buffer) < 0:
+            raise ValueError(f"shuffle_buffer must be >= 0, not {self.shuffle_buffer!r}")
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """Columnar batches: ``masks`` adds ``<name>__valid`` bool arrays for fixed columns with nulls;
+    ``prefetch`` batches are read ahead by a thread (0: none); ``copy_threads`` copy a large batch (None: the
+    usable cores, at most 4)."""
+
+    batch_size: int
+    drop_last: bool = False
+    masks: bool = True
+    prefetch: int = 2
+    copy_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) \
+                or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, not {self.batch_size!r}")
+        if self.copy_threads is not None and self.copy_threads < 1:
+            raise ValueError("copy_threads must be a positive integer or None (the usable cores, at most 4)")
+
+
+@dataclass(frozen=True)
+class Position:
+    """Who reads: this reader's share of an epoch. ``rank``/``world`` over all hosts, ``local_rank`` /
+    ``local_world`` on this host (each host splits its own manifest), ``worker``/``workers`` the data-loading
+    workers of this rank; ``agreed``: with several hosts, the samples per rank agreed for the epoch (the
+    largest host's count with ``pad``, the smallest with ``drop``), so every rank makes the same steps."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    local_world: int = 1
+    worker: int = 0
+    workers: int = 1
+    agreed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, of in (("rank", "world"), ("local_rank", "local_world"), ("worker", "workers")):
+            if not 0 <= getattr(self, name) < getattr(self, of):
+                raise ValueError(f"{name} {getattr(self, name)} is not in [0, {of}={getattr(self, of)})")
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world // max(1, self.local_world))
+
+
+@dataclass
+class ResumeState:
+    """Where a job's reading stands (README, "Resuming"): ``skip[w]`` samples of job epoch ``epoch`` were
+    delivered by worker ``w`` of this rank. ``to_dict()`` is plain JSON; ``from_dict`` reads it back (and the
+    dicts of older clients, which have no ``version``)."""
+
+    job: str | None
+    epoch: int
+    skip: list[int]
+    seed: int
+    shuffle: bool
+    version: int = STATE_VERSION
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys an adapter adds (e.g. batches)
+
+    def __post_init__(self) -> None:
+        self.epoch = epoch_number(self.epoch, "epoch")
+        if not self.skip or any(isinstance(s, bool) or int(s) != s or s < 0 for s in self.skip):
+            raise ValueError(f"skip must be a non-empty list of sample counts >= 0, not {self.skip!r}")
+        self.skip = [int(s) for s in self.skip]
+        if int(self.version) > STATE_VERSION:
+            raise ValueError(f"this resume state has version {self.version}; this client reads up to "
+                             f"{STATE_VERSION}: install a newer samplecache")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k != "extra"}
+        return {**self.extra, **out}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ResumeState":
+        known = ("job", "epoch", "skip", "seed", "shuffle", "version")
+        missing = [k for k in ("epoch", "skip", "seed", "shuffle") if k not in d]
+        if missing:
+            raise ValueError(f"not a samplecache resume state: {missing} missing")
+        return cls(job=d.get("job"), epoch=d["epoch"], skip=list(d["skip"]), seed=int(d["seed"]),
+                   shuffle=bool(d["shuffle"]), version=int(d.get("version", STATE_VERSION)),
+                   extra={k: v for k, v in d.items() if k not in known})
+
+
+# -- the split and the batches (pure functions) ----------------------------------------------------------
+def rank_share(plan: EpochPlan, split: SplitOptions, pos: Position) -> int:
+    """Samples this rank reads from its host's manifest before hosts agree (the input of that agreement)."""
+    start, stop = rank_range(plan.total, pos.local_rank, pos.local_world, split.partial)
+    return stop - start
+
+
+def stream_for(plan: EpochPlan, split: SplitOptions, pos: Position) -> Stream:
+    """The samples ``pos`` reads in ``plan``'s epoch, in order: the rank's contiguous range of the (shuffled)
+    global sequence, the worker's contiguous part of it. Each host splits its own manifest over its local
+    ranks; with several hosts every rank reads the agreed count (``pos.agreed``)."""
+    order = shard_order(len(plan.ids), split.seed, plan.epoch, split.shuffle)
+    start, stop = rank_range(plan.total, pos.local_rank, pos.local_world, split.partial)
+    if pos.agreed is not None and split.partial != "uneven":
+        stop = start + int(pos.agreed)
+    elif pos.nodes > 1 and split.partial != "uneven":
+        raise RuntimeError(
+            f"this job spans {pos.nodes} hosts, each with its own cache, so ranks must agree on the length of "
+            f"epoch {plan.epoch} (Position.agreed): with PyTorch call ds.set_epoch(epoch) on every rank before "
+            f"each epoch (after init_process_group), or iterate with samplecache.SampleCacheLoader")
+    start, stop = part_range(start, stop, pos.worker, pos.workers)
+    spans = spans_for(plan.rows, order, start, stop)
+    return Stream(spans, plan.ids, plan.rows, split.seed, plan.epoch, split.shuffle, split.shuffle_buffer,
+                  key=pos.rank * pos.workers + pos.worker)
+
+
+def _items(counted: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+    """The items of (count, item) pairs; closing this closes ``counted`` (its lease goes at once)."""
+    try:
+        for _, item in counted:
+            yield item
+    finally:
+        counted.close()  # type: ignore[attr-defined]
+
+
+# -- the reader ---------------------------------------------------------------------------------------------
+class Reader:
+    """One job's epochs, split and read. Picklable: copies (DataLoader workers, forked or spawned processes)
+    share the job and run, so every process of a run reads the same daemon epochs."""
+
+    def __init__(self, cache: CacheOptions = CacheOptions(), split: SplitOptions = SplitOptions(), *,
+                 run: str | None = None) -> None:
+        """``run``: the run id every process of this training run shares (default: a new one); it ties the
+        ranks' requests for one job together."""
+        self.cache, self.split = cache, split
+        self.clock = EpochClock(0)
+        self.source = EpochSource(cache.url, self.clock, cache.columns, job=cache.job, token=cache.token,
+                                  retries=cache.retries, min_samples=cache.min_samples, wait=cache.wait,
+                                  lease=cache.lease, deadline=cache.deadline)
+        if run is not None:
+            self.source.run = run
+        self.pending: ResumeState | None = None  # loaded by load_state, used by the next read of its epoch
+        self._takes = 0
+        self._pool: BufferPool | None = None
+
+    def buffers(self) -> BufferPool:
+        """The reused output buffers of this process's columnar batches (``samplecache.reading.bufferpool``: a buffer
+        is written again only once no array of its batch is held)."""
+        if self._pool is None:
+            self._pool = BufferPool()
+        return self._pool
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}  # a copy (a worker, another process) makes its own
+
+    # -- epochs -----------------------------------------------------------------------------------------------
+    @property
+    def job(self) -> str:
+        """The job this reader reads as (given, or made for this run): its epochs are its own."""
+        return self.source.job_name
+
+    def set_epoch(self, epoch: int, daemon_epoch: int | None = None) -> None:
+        """Read job epoch ``epoch`` next (later reads go on from there). With ``daemon_epoch``, it replays that
+        sealed daemon epoch (exactly what an earlier run read, while it is resident)."""
+        epoch = epoch_number(epoch, "epoch")
+        if daemon_epoch is not None:
+            self.source.replay(epoch, epoch_number(daemon_epoch, "daemon_epoch"))
+        self.clock.set(epoch)
+
+    def next_epoch(self) -> int:
+        """The epoch the next ``take_epoch`` returns (a job restarted by name goes on at its next epoch)."""
+        self.source.attach()
+        return self.clock.peek()
+
+    def current_epoch(self) -> int | None:
+        """The epoch of the latest ``take_epoch`` (in any process sharing the clock), if any."""
+        return self.clock.current()
+
+    def take_epoch(self, key: Any = None) -> int:
+        """Advance the clock: the epoch this iteration reads. Processes that give the same ``key`` (a pair of
+        ints: DataLoader workers of one iteration) get the same epoch; None is a new key each call."""
+        if self.source.closed:
+            raise RuntimeError("this samplecache reader is closed")
+        self.source.attach()
+        if key is None:
+            key = (-1, self._takes)
+            self._takes += 1
+        return self.clock.take(key)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """Job epoch ``epoch``'s manifest (fetched once per process; the job's first request seals it):
+        ``.total`` samples, ``.schema``. Raises ``MissingColumn`` for a column the cache lacks."""
+        return self.source.plan(epoch)
+
+    def schema(self) -> dict[str, Any]:
+        """``GET /v1/schema``, its ``columns`` narrowed to (and in the order of) this reader's columns: each
+        with ``name``, ``kind``, ``dtype``, ``shape``, ``nullable``. Raises ``MissingColumn``."""
+        s = self.source
+        got: dict[str, Any] = request_json(f"{s.url}/v1/schema", token=s.token, retries=s.retries,
+                                           deadline=s.deadline, what="reading the cache's schema")
+        by_name = {c["name"]: c for c in got["columns"]}
+        wanted = list(self.cache.columns) if self.cache.columns is not None else list(by_name)
+        check_columns(wanted, list(by_name), got.get("skipped_columns"))
+        return {**got, "columns": [by_name[c] for c in wanted]}
+
+    # -- the split ------------------------------------------------------------------------------------------------
+    def agreed(self, epoch: int) -> int | None:
+        """Samples per rank agreed across hosts for ``epoch`` (``set_agreed``), if any."""
+        return self.clock.agreed(epoch)
+
+    def set_agreed(self, epoch: int, per_rank: int) -> None:
+        """Record the agreed samples per rank of ``epoch`` (shared with the workers forked after it)."""
+        self.clock.set_agreed(epoch, int(per_rank))
+
+    def rank_share(self, epoch: int, pos: Position) -> int:
+        """This rank's samples in its host's manifest of ``epoch``: what hosts agree on (max: pad, min: drop)."""
+        return rank_share(self.plan(epoch), self.split, pos)
+
+    def count(self, epoch: int, pos: Position) -> int:
+        """Samples ``pos`` reads in job epoch ``epoch``."""
+        return stream_for(self.plan(epoch), self.split, pos).total
+
+    # -- reading -----------------------------------------------------------------------------------------------
+    def samples(self, epoch: int, pos: Position, start: int = 0, *, prefetch: int = 2,
+                threads: int | None = None) -> Iterator[dict[str, Any]]:
+        """Per-sample dicts of column -> value (README's representations), from sample ``start`` on."""
+        return _items(self.iterate(epoch, pos, start, prefetch=prefetch, threads=threads))
+
+    def batches(self, epoch: int, pos: Position, opts: BatchOptions, start: int = 0) -> Iterator[dict[str, Any]]:
+        """Columnar batches: fixed-shape columns as ``np.ndarray [n, *shape]``, others as lists."""
+        return _items(self.iterate(epoch, pos, start, opts))
+
+    def iterate(self, epoch: int, pos: Position, start: int = 0, batch: BatchOptions | None = None, *,
+                prefetch: int = 2, threads: int | None = None, unit: int | None = None,
+                gather: Gather | None = None) -> Iterator[tuple[int, Any]]:
+        """(samples delivered so far, item): the loop under ``samples`` and ``batches`` (items are batches
+        when ``batch`` is given), with this epoch's lease held and the next epoch's manifest fetched near the
+        end. Adapters may group ``unit`` positions per item and make the items with ``gather(plan, index,
+        rows, unit)`` yielding (samples, item); ``prefetch``/``threads`` are the per-sample path's."""
+        plan = self.plan(epoch)
+        stream = stream_for(plan, self.split, pos)
+        if batch is not None:
+            b, copiers = int(batch.batch_size), batch.copy_threads or default_threads()
+            unit = int(unit or b)
+            make = gather or (lambda p, i, r, u: gather_batches(p, i, r, b, copiers, batch.masks, self.buffers().alloc))
+            items = batch_items(plan, stream, start, b, unit, batch.drop_last, make, batch.prefetch)
+        else:
+            items = self._sample_items(plan, stream, start, prefetch, threads or default_threads())
+        holder = f"rank {pos.rank} worker {pos.worker}"
+        keeper = self.source.keeper(plan, holder)
+        prefetch_at = int(PREFETCH_AT * stream.total) if self.cache.prefetch_next else -1
+        done = start
+        try:
+            for n, item in items:
+                done += n
+                if done >= prefetch_at >= 0:
+                    self.source.prefetch(epoch + 1, holder)
+                    prefetch_at = -1
+                if keeper is not None:
+                    keeper.read = done - start
+                yield done, item
+        finally:
+            self.source.done(keeper)
+
+    @staticmethod
+    def _sample_items(plan: EpochPlan, stream: Stream, start: int, prefetch: int, threads: int
+                      ) -> Iterator[tuple[int, dict[str, Any]]]:
+        chunks = (plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, threads=threads)
+                  for idx, rows in stream.chunks(start, chunk=plan.chunk, first=FIRST_CHUNK))
+        for chunk in prefetched(chunks, ahead(prefetch, plan.chunk * plan.sample_bytes)):
+            for sample in split_batch(chunk):
+                yield 1, sample
+
+    # -- resuming -----------------------------------------------------------------------------------------------
+    def state(self, epoch: int, delivered: Sequence[int]) -> ResumeState:
+        """The state after ``delivered[w]`` samples of job epoch ``epoch`` by each worker ``w`` of this rank."""
+        return ResumeState(self.job, epoch, list(delivered), self.split.seed, self.split.shuffle)
+
+    def load_state(self, state: ResumeState | Mapping[str, Any]) -> None:
+        """Take the saved job over and go on where it stood: the next read of its epoch starts at
+        ``resume_point``. The daemon answers 404 (naming the jobs it knows) when it does not know the job."""
+        if not isinstance(state, ResumeState):
+            state = ResumeState.from_dict({"seed": self.split.seed, "shuffle": self.split.shuffle, **state})
+        if state.seed != self.split.seed or state.shuffle != self.split.shuffle:
+            raise ValueError("the state was saved with another seed or shuffle setting")
+        self.source.resume_job(state.job)
+        self.pending = state
+        self.set_epoch(state.epoch)
+
+    def resume_point(self, epoch: int, pos: Position, consume: bool = True) -> int:
+        """Samples ``pos`` skips in ``epoch`` (the loaded state's, else 0); ``consume``: used once."""
+        r = self.pending
+        if r is None or r.epoch != epoch:
+            return 0
+        if len(r.skip) != pos.workers:
+            raise ValueError(f"this state was saved with {len(r.skip)} DataLoader workers; resume with the same "
+                             f"number (now {pos.workers})")
+        if consume:
+            self.pending = None
+        return r.skip[pos.worker]
+
+    # -- lifetime -----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release every lease now (the one taken ahead for the next epoch too) and stop this process's threads."""
+        self.source.close()
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["CacheOptions", "SplitOptions", "BatchOptions", "Position", "ResumeState", "Reader", "EpochPlan",
+           "DaemonError", "EpochGone", "MissingColumn", "stream_for", "rank_share", "batch_groups",
+           "gather_batches", "epoch_number"]

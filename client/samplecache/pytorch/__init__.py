@@ -1,0 +1,1 @@
+"""The PyTorch adapter: the IterableDataset, its DataLoader, collation and the DDP topology."""

@@ -1,0 +1,267 @@
+"""``SampleCacheLoader``: a DataLoader whose ``state_dict()`` resumes an epoch mid-way, with workers.
+
+The trainer only sees batches; which worker made each one follows from how
+DataLoader deals tasks (in order, round-robin over the workers that still have
+data, starting at worker 0 every epoch). From the number of batches the trainer
+took, the loader works out how many samples each worker's stream delivered, so
+a new process resumes every worker's stream exactly there: no sample repeated,
+none skipped.
+
+``device=`` (e.g. ``"cuda"``) hands out batches on that device: each host batch (pinned memory in-process when
+CUDA is available: the dataset's buffer pool) is copied with ``non_blocking=True`` on a side stream while the
+consumer works on the previous batch; the host batch is let go (its buffer or ring slot recycled) only once its
+copy is done.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import weakref
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from samplecache.pytorch.dataset import SampleCacheDataset
+from samplecache.pytorch.transport import Packed, Ring, materialize
+
+PACK_BYTES = 1 << 20  # a worker gathers this many bytes of small batches into one slot, sent as one item
+MAX_PACK = 16
+
+
+def per_worker_items(items: list[int], taken: int) -> list[int]:
+    """How many items each worker produced after ``taken`` items, dealt round-robin."""
+    got = [0] * len(items)
+    w = 0
+    while taken > 0 and any(g < n for g, n in zip(got, items)):
+        if got[w] < items[w]:
+            got[w] += 1
+            taken -= 1
+        w = (w + 1) % len(items)
+    return got
+
+
+def _moved(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    """``batch`` with its tensors (in dicts, lists and tuples) on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: _moved(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and not isinstance(batch, str):
+        return type(batch)(_moved(v, device, non_blocking) for v in batch) if not hasattr(batch, "_fields") \
+            else type(batch)(*(_moved(v, device, non_blocking) for v in batch))
+    return batch
+
+
+def _tensors_of(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            yield from _tensors_of(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from _tensors_of(v)
+
+
+def cuda_ahead(items: Iterator[tuple[Any, Any]], device: torch.device) -> Iterator[tuple[Any, Any]]:
+    """(batch, tag) pairs with each batch's tensors copied to ``device`` on a side stream, one batch ahead of the
+    consumer: batch k+1's copy is queued before batch k is handed out. The consumer's stream waits for the copy
+    (``wait_event``, ``record_stream`` for the caching allocator); the host batch is dropped only after its copy
+    is done (its memory may be reused at once: a buffer-pool buffer or a ring slot)."""
+    stream = torch.cuda.Stream(device)
+    pending: tuple[Any, Any, torch.cuda.Event, Any] | None = None
+
+    def hand_over(host: Any, moved: Any, done: torch.cuda.Event, tag: Any) -> tuple[Any, Any]:
+        current = torch.cuda.current_stream(device)
+        current.wait_event(done)
+        for v in _tensors_of(moved):
+            if v.device.type == "cuda":
+                v.record_stream(current)
+        done.synchronize()  # the host copy source may be recycled once `host` is dropped
+        return moved, tag
+
+    try:
+        for host, tag in items:
+            with torch.cuda.stream(stream):
+                moved = _moved(host, device, True)
+                done = torch.cuda.Event()
+                done.record(stream)
+            if pending is not None:
+                previous, pending = pending, None
+                yield hand_over(*previous)
+                del previous
+            pending = (host, moved, done, tag)
+            del host, moved
+        if pending is not None:
+            previous, pending = pending, None
+            yield hand_over(*previous)
+    finally:
+        if pending is not None:
+            pending[2].synchronize()  # stopped early: the copy in flight still reads the host batch
+
+
+def pack_sizes(samples: int, batch: int, pack: int, drop_last: bool) -> list[int]:
+    """Batches per item of a reader with ``samples`` left: packs of ``pack`` whole batches, the whole
+    batches left over as one item, then the short batch (unless dropped). Mirrors the dataset's
+    ``samplecache.reading.stream.Stream.batch_groups``."""
+    whole, part = divmod(samples, batch)
+    sizes = [pack] * (whole // pack) + ([whole % pack] if whole % pack else [])
+    return sizes + ([1] if part and not drop_last else [])
+
+
+class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
+    """A ``DataLoader`` over a ``SampleCacheDataset`` with ``state_dict()`` / ``load_state_dict()``."""
+
+    def __init__(self, dataset: SampleCacheDataset, *args: Any, transport: bool = True, device: Any = None,
+                 **kwargs: Any) -> None:
+        """``transport``: move the batched path's batches through a reused shared-memory ring. ``device``: hand
+        batches out on this device (``"cuda"``: copied on a side stream, one batch ahead; module docstring)."""
+        if kwargs.get("in_order") is False:
+            raise ValueError("SampleCacheLoader needs in_order=True to know which worker made a batch")
+        if args:
+            raise TypeError("pass DataLoader options to SampleCacheLoader by keyword")
+        batch = kwargs.get("batch_size", 1)
+        self._source = dataset
+        if (transport and dataset.batch_size is None and batch is not None and kwargs.get("collate_fn") is None
+                and dataset.transform is None):
+            # A per-sample dataset with default collation: let the dataset make the batches (vectorised
+            # gathers; with workers, straight into the shared-memory ring). The batches are the same dicts
+            # of tensors, but cost no per-sample Python. A shallow copy does it, so the caller's dataset
+            # stays per-sample; the copy shares its epoch clock (set_epoch), manifests and leases.
+            dataset = dataset.batched_like_collate(int(batch), bool(kwargs.get("drop_last", False)))
+            kwargs["batch_size"], kwargs["drop_last"] = None, False
+        super().__init__(dataset, **kwargs)
+        self.transport = transport
+        self.device = None if device is None else torch.device(device)
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: CUDA is not available to this torch ({torch.__version__})")
+        self._ring: Ring | None = None
+        self._taken = self._items = self._in_item = 0  # batches, items (one or a pack of batches), in the item
+        self._packed = False
+        self._base: list[int] | None = None  # per-worker samples already consumed before this iteration
+        self._epoch: int | None = None
+        self._running: Callable[[], Any] = lambda: None  # the latest DataLoader iterator (a weak reference)
+
+    def _workers(self) -> int:
+        return max(1, self.num_workers)
+
+    def _ring_for(self, ds: SampleCacheDataset) -> Ring | None:
+        """A shared-memory ring for the batched path with forked workers (else None)."""
+        ctx = self.multiprocessing_context
+        method = ctx.get_start_method() if ctx is not None else mp.get_start_method()
+        if not self.transport or self.num_workers == 0 or method != "fork" or not ds.batch_size \
+                or ds.transform is not None or self.batch_size is not None:
+            return None
+        if self._ring is None:
+            plan = ds.plan(ds.next_epoch())
+            per_sample = max(1, int(plan.manifest.get("bytes", 0)) // max(1, plan.total))
+            pack = max(1, min(MAX_PACK, PACK_BYTES // (per_sample * ds.batch_size)))
+            if ds.collate_rest and any(plan.schema.columns[c].kind != "fixed" for c in plan.cols):
+                pack = 1  # such columns are collated batch by batch in the worker
+            slot = int(per_sample * ds.batch_size * pack * 1.25) + 64 * (len(plan.cols) + 1) + 4096
+            self._ring = Ring(self.num_workers, (self.prefetch_factor or 2) + 2, slot, pack)
+        return self._ring
+
+    def _pack(self) -> int:
+        return self._ring.pack if self._ring is not None else 1
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        host = self._host_batches()
+        device = self.device
+        if device is None:
+            items: Iterator[tuple[Any, Any]] = host
+        elif device.type == "cuda":
+            items = cuda_ahead(host, device)
+        else:
+            items = ((_moved(b, device, False), at) for b, at in host)
+        try:
+            for batch, at in items:
+                self._taken, self._items, self._in_item = at  # the consumer's count, not the read-ahead's
+                yield batch
+        finally:
+            items.close()  # type: ignore[attr-defined]
+            host.close()  # type: ignore[attr-defined]  # its workers and lease go now, not when collected
+
+    def _host_batches(self) -> Iterator[tuple[Any, tuple[int, int, int]]]:
+        """(batch, (batches, items, batches of the item) handed out once it is)."""
+        ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
+        reader = ds.reader  # the caller's dataset and its batching copy share it (and a loaded resume state)
+        resume = reader.pending
+        ds.plan(ds.next_epoch())  # mapped (or refused, e.g. EpochGone) here, before any worker asks
+        if reader.agreed(ds.next_epoch()) is None:
+            ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
+        ds.ring = self._ring_for(ds)
+        self._packed = ds.ring is not None and self._pack() > 1  # the workers send packs of batches
+        it = super().__iter__()
+        self._running = weakref.ref(it)
+        ds.ring = None  # the workers have forked with it; a plain DataLoader later must not see it
+        self._taken = self._items = self._in_item = 0
+        self._epoch = None
+        self._base = [0] * self._workers()
+        taken = items = 0
+        try:
+            for item in it:
+                if self._epoch is None:
+                    self._epoch = ds.current_epoch()
+                    if resume is not None and resume.epoch == self._epoch:
+                        self._base = list(resume.skip)
+                got = materialize(item)
+                batches = got if isinstance(got, Packed) else (got,)
+                for j, batch in enumerate(batches):
+                    taken += 1
+                    yield batch, (taken, items, j + 1)
+                items += 1
+        finally:
+            reader.pending = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current epoch stands, for ``load_state_dict`` in a new process."""
+        ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
+        if self._epoch is None:  # nothing read yet: the pending resume point, or the next epoch's start
+            r = ds.reader.pending
+            if r is not None:
+                return {**ds.reader.state(r.epoch, r.skip).to_dict(), "batches": 0}
+            return {**ds.reader.state(ds.next_epoch(), [0] * self._workers()).to_dict(), "batches": 0}
+        w = self._workers()
+        base = self._base or [0] * w
+        per_batch = ds.batch_size or 1
+        if self.batch_size is not None:
+            per_batch *= self.batch_size
+        totals = [ds.reader.count(self._epoch, ds.position(self._epoch, i, w)) for i in range(w)]
+        pack = self._pack() if self._packed else 1
+        items = [pack_sizes(t - b, per_batch, pack, self._drops_last()) for t, b in zip(totals, base)]
+        done = per_worker_items([len(x) for x in items], self._items)  # items wholly handed out, per worker
+        now = per_worker_items([len(x) for x in items], self._items + 1)  # ... and the one being handed out
+        skip = []
+        for i in range(w):
+            batches = sum(items[i][:done[i]]) + (self._in_item if now[i] > done[i] else 0)
+            skip.append(min(base[i] + batches * per_batch, totals[i]))
+        return {**ds.reader.state(self._epoch, skip).to_dict(), "batches": self._taken}
+
+    def _drops_last(self) -> bool:
+        ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
+        return bool(ds.drop_last if ds.batch_size else self.drop_last)
+
+    def close(self) -> None:
+        """Stop the worker processes and release every lease of the dataset now (the one taken ahead for
+        the next epoch too). Dropping the loader and its dataset does the same, later."""
+        for it in (self._iterator, self._running()):
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+        self._iterator = None
+        self.dataset.close()  # type: ignore[attr-defined]
+        self._source.close()
+
+    def __enter__(self) -> "SampleCacheLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["skip"]) != self._workers():
+            raise ValueError(f"the state was saved with {len(state['skip'])} workers; this loader has "
+                             f"{self._workers()}: resume with the same num_workers")
+        self.dataset.load_state_dict(state)  # type: ignore[attr-defined]

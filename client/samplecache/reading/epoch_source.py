@@ -1,0 +1,235 @@
+"""Where a reader's epochs come from: its job, the manifests, the next epoch fetched ahead, the leases.
+
+Framework-free (stdlib + numpy): the PyTorch dataset, and any other adapter,
+asks it for an epoch's plan and a lease while it reads, and closes it when done.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from multiprocessing import util as mp_util
+from typing import Any, Sequence
+
+from samplecache.api.client import DaemonError, daemon_url, deadline_setting, fetch_manifest
+from samplecache.api.job import JobClient, job_name, new_run
+from samplecache.api.lease import LeaseKeeper
+from samplecache.format.manifest import Manifest
+from samplecache.format.record import FORMAT_VERSION, FormatError, Schema
+from samplecache.reading.epoch_clock import EpochClock
+from samplecache.reading.reader import CacheReader
+
+CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
+
+
+class MissingColumn(KeyError):
+    """Columns asked for that the cache does not serve: ``missing`` names them, ``available`` the columns there
+    are, ``left_out`` those the daemon left out of the cache, with why."""
+
+    def __init__(self, missing: Sequence[str], available: Sequence[str], left_out: dict[str, str] | None = None
+                 ) -> None:
+        self.missing, self.available, self.left_out = list(missing), list(available), dict(left_out or {})
+        message = f"columns {self.missing} are not cached; the cache has {self.available}"
+        if self.left_out:
+            message += f"; left out by the daemon: {self.left_out}"
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def check_columns(wanted: Sequence[str], names: Sequence[str], skipped: dict[str, str] | None) -> None:
+    """Raise ``MissingColumn`` unless every column in ``wanted`` is among ``names``."""
+    unknown = [c for c in wanted if c not in names]
+    if unknown:
+        raise MissingColumn(unknown, names, {c: why for c, why in (skipped or {}).items() if c in unknown})
+
+
+class EpochPlan:
+    """One job epoch's manifest, as this reader sees it (``epoch``: the job's; ``daemon_epoch``: the daemon's)."""
+
+    def __init__(self, manifest: dict[str, Any], columns: Sequence[str] | None, job_epoch: int | None = None) -> None:
+        parsed = Manifest.from_json(manifest)
+        version = parsed.format_version
+        if int(version) != FORMAT_VERSION:
+            raise FormatError(f"record format version mismatch: the daemon serves v{version}, this samplecache "
+                              f"client reads v{FORMAT_VERSION}: install matching versions")
+        self.manifest = manifest
+        self.daemon_epoch = parsed.epoch
+        self.epoch = self.daemon_epoch if job_epoch is None else int(job_epoch)
+        self.schema = Schema.from_json(parsed.schema)
+        names = self.schema.names
+        wanted = list(columns) if columns is not None else names
+        check_columns(wanted, names, parsed.skipped_columns)
+        self.cols = [self.schema.index(c) for c in wanted]
+        table = parsed.table()
+        self.ids, self.rows, self.rows_per_block = table[:, 0].copy(), table[:, 1].copy(), table[:, 3].copy()
+        self.total = int(self.rows.sum())
+        sample_bytes = max(1, parsed.bytes // max(1, self.total))
+        self.sample_bytes = sample_bytes
+        self.chunk = int(min(4096, max(1, CHUNK_BYTES // sample_bytes)))  # positions per read transaction
+        self.reader = CacheReader(parsed.lmdb_path, parsed.map_size, self.schema)
+
+
+def _close_at_exit(ref: "weakref.ref[EpochSource]") -> None:
+    source = ref()
+    if source is not None:
+        source.close()
+
+
+def _release(keepers: dict[int, LeaseKeeper], live: set[LeaseKeeper]) -> None:
+    for keeper in list(keepers.values()) + list(live):
+        keeper.release()
+    keepers.clear()
+    live.clear()
+
+
+class EpochSource:
+    """The epochs of one job as one reader process sees them. Copies made for DataLoader workers (fork or
+    pickle) share the job and run, so every process of the run reads the same daemon epochs."""
+
+    def __init__(self, url: str, clock: EpochClock, columns: Sequence[str] | None = None, *,
+                 job: str | None = None, token: str | None = None, retries: int | None = None,
+                 min_samples: int = 1, wait: float = 60.0, lease: bool = True, deadline: float | None = None
+                 ) -> None:
+        """``token`` None: SAMPLECACHE_TOKEN, else the daemon's token file (``samplecache.api.auth``); ``deadline``
+        None: SAMPLECACHE_DEADLINE, else 60 s; ``retries`` None: as many as the deadline allows. The
+        environment is read here, once (DataLoader workers get the values with their copy)."""
+        self.url = daemon_url(url)  # a bad URL is a ValueError now, not a connection failure later
+        self.clock = clock
+        self.columns = list(columns) if columns is not None else None
+        self.job, self.retries = job, retries
+        self.token = token or os.environ.get("SAMPLECACHE_TOKEN") or None
+        self.deadline = deadline_setting(deadline if deadline is not None else os.environ.get("SAMPLECACHE_DEADLINE"))
+        self.min_samples, self.wait, self.lease = int(min_samples), float(wait), lease
+        self.run = new_run()
+        self.resume = False  # the job must exist (set by load_state_dict)
+        self._client: JobClient | None = None
+        self._plans: dict[int, EpochPlan] = {}
+        self._lock = threading.Lock()
+        self._keepers: dict[int, LeaseKeeper] = {}  # leases taken ahead, with the next manifest
+        self._live: set[LeaseKeeper] = set()  # leases of epochs being read in this process
+        self._threads: list[threading.Thread] = []
+        self._started: set[int] = set()  # epochs whose reading started in this process
+        self.closed = False
+        self._pid = os.getpid()
+        weakref.finalize(self, _release, self._keepers, self._live)  # dropped: its leases go at once
+
+    @property
+    def job_name(self) -> str:
+        return job_name(self.job, self.run)
+
+    def attach(self) -> JobClient:
+        """The job, attached once per process (the same run each time: every process gets one answer).
+        A job restarted by name starts at its next epoch unless ``set_epoch`` said otherwise."""
+        client = self._client
+        if client is None or client.name != self.job_name or client.run != self.run:
+            client = self._client = JobClient(self.url, self.job_name, self.run, self.token, self.retries,
+                                              self.deadline)
+        if client.start is None:
+            self.clock.start_at(client.attach(self.resume))
+        return client
+
+    def resume_job(self, name: str | None) -> None:
+        """Go on with the saved job ``name`` (a new run takes it over; it must exist on the daemon). A state
+        that names no job (written by hand, or by an older client) reads as this dataset's own job."""
+        if name is None:
+            return
+        self.job, self.resume, self._client = name, True, None
+        with self._lock:
+            self._plans.clear()
+
+    def replay(self, epoch: int, daemon_epoch: int) -> None:
+        """Make job epoch ``epoch`` read the sealed ``daemon_epoch`` (asked now, before any worker asks)."""
+        self.attach().daemon_epoch(epoch, self.min_samples, self.wait, replay=daemon_epoch)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The manifest of job epoch ``epoch`` (fetched once per process; the job's first request seals it)."""
+        with self._lock:
+            got = self._plans.get(epoch)
+        if got is None:
+            daemon_epoch = self.attach().daemon_epoch(epoch, self.min_samples, self.wait)
+            manifest = fetch_manifest(self.url, daemon_epoch, self.min_samples, self.wait, self.token, self.retries,
+                                      self.deadline)
+            got = EpochPlan(manifest, self.columns, epoch)
+            with self._lock:
+                self._plans[epoch] = got
+                for old in [e for e in self._plans if e < epoch - 1]:
+                    del self._plans[old]
+        return got
+
+    def _new_keeper(self, plan: EpochPlan, holder: str) -> LeaseKeeper:
+        return LeaseKeeper(self.url, plan.daemon_epoch, self.token, holder=holder, job=self.job_name,
+                           run=self.run, job_epoch=plan.epoch, deadline=self.deadline)
+
+    def _store_ahead(self, epoch: int, keeper: LeaseKeeper) -> None:
+        """Keep a lease taken ahead for ``epoch``, unless that epoch already started (or the source closed):
+        then nothing would ever pop it, so it goes at once."""
+        with self._lock:
+            late = self.closed or epoch in self._started or epoch in self._keepers
+            if not late:
+                self._keepers[epoch] = keeper
+        if late:
+            keeper.release()
+
+    def prefetch(self, epoch: int, holder: str) -> None:
+        """Fetch (so seal) the next epoch's manifest and take its lease before this epoch ends."""
+        def run() -> None:
+            try:
+                plan = self.plan(epoch)
+                # Lease it now, so its shards stay pinned until it is read. A worker that is not persistent
+                # releases it when it exits; the job's new mapping pins the epoch for a TTL meanwhile.
+                if self.lease and epoch not in self._keepers and epoch not in self._started and not self.closed:
+                    self._store_ahead(epoch, self._new_keeper(plan, holder))
+            except (DaemonError, KeyError, ValueError):
+                pass  # the next iteration fetches it again and reports the error there
+        t = threading.Thread(target=run, name=f"samplecache-prefetch-{self.job_name}-{epoch}", daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        if self._pid != os.getpid():
+            # a DataLoader worker: when it exits (through os._exit, after multiprocessing's finalizers), wait for
+            # this thread and release what it leased, or a lease taken in the last moment outlives the worker
+            self._pid = os.getpid()
+            mp_util.Finalize(None, _close_at_exit, args=(weakref.ref(self),), exitpriority=20)
+        t.start()
+
+    def keeper(self, plan: EpochPlan, holder: str) -> LeaseKeeper | None:
+        """This epoch's lease while it is read: the one taken ahead with its manifest, or a new one. Leases
+        taken ahead for epochs up to this one that nobody will read now are released."""
+        with self._lock:
+            self._started = {e for e in self._started if e >= plan.epoch - 4} | {plan.epoch}
+            got = self._keepers.pop(plan.epoch, None)
+            stale = [self._keepers.pop(e) for e in [e for e in self._keepers if e < plan.epoch]]
+        for old in stale:
+            old.release()
+        if got is None or got.lost is not None or not got.alive():
+            if got is not None:
+                got.release()
+            got = self._new_keeper(plan, holder) if self.lease else None
+        if got is not None:
+            self._live.add(got)
+        return got
+
+    def done(self, keeper: LeaseKeeper | None) -> None:
+        """The epoch was read (or reading stopped): release its lease."""
+        if keeper is not None:
+            keeper.release()
+            self._live.discard(keeper)
+
+    def close(self) -> None:
+        """Release every lease now (those taken ahead too) and stop this process's threads."""
+        self.closed = True
+        for t in list(self._threads):
+            t.join(timeout=10)
+        _release(self._keepers, self._live)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_lock"] = None
+        state["_keepers"], state["_live"], state["_threads"], state["_started"] = {}, set(), [], set()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        weakref.finalize(self, _release, self._keepers, self._live)

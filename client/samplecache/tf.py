@@ -1,0 +1,348 @@
+"""``samplecache.tf``: the cache as a ``tf.data.Dataset`` of dicts of tensors (the TensorFlow adapter).
+
+    import samplecache.tf as sctf
+    ds = sctf.dataset("http://127.0.0.1:8750", columns=["image", "label"], batch_size=256)
+    model.fit(ds.map(lambda b: (b["image"], b["label"])), epochs=10)   # each epoch: the job's next epoch
+
+Batches come whole from the core (``Reader.batches``: one vectorised gather per batch, read ahead by a thread)
+through ``tf.data.Dataset.from_generator`` with an ``output_signature`` made from ``GET /v1/schema``, so a
+batch costs one Python call, not one per sample. Column -> tensor (the ``element_spec``, ``B`` = the batch
+dimension: ``batch_size`` with ``drop_last``, else ``None``):
+
+* fixed shape (numbers, bool): ``TensorSpec([B, *shape], dtype)``; timestamps and durations as int64 counts of
+  their unit;
+* ``string`` and ``binary``: ``TensorSpec([B], tf.string)`` (UTF-8 bytes for strings);
+* variable shape (``list`` columns, shape with -1): ``RaggedTensorSpec([B, *dims], dtype)``, ragged up to the
+  last variable dimension (the dimensions before it are ragged too; the ones after it stay fixed);
+* ``nested`` (structs, maps, decimals, lists of strings): no tensor form. ``columns=None`` leaves them out
+  (``Feed.left_out`` says why); naming one is a ``TypeError``.
+
+Nulls are never silently replaced: a column named in ``masks`` (or every nullable column with ``masks=True``)
+gets ``<name>__valid`` (bool, the column's batch shape for fixed columns, ``[B]`` for the others) and 0 / NaN /
+``b""`` / an empty row under the nulls; a null in any other column stops the iteration with an error naming it.
+
+Epochs: each iteration of the dataset (each Keras epoch) reads the job's next epoch; ``epoch=N`` reads job
+epoch N at every iteration. Sharding: ``input_context`` (``tf.distribute.InputContext``) maps input pipeline
+``i`` of ``n`` to rank ``i`` of ``n`` of the core's split (every sample of an epoch once over the pipelines;
+``partial`` pads or drops so that every pipeline makes the same steps). Pipelines made from one ``Feed`` share
+its job and epoch clock; processes (multi-worker training) share a job through ``job=`` and ``run=``.
+Resume: ``Feed.state(batches)`` after ``batches`` batches of the current epoch, ``Feed.load_state(state)``
+(or ``resume=``) on restart: the next iteration reads the rest of that epoch.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+try:
+    import tensorflow as tf
+except ImportError as e:  # pragma: no cover - exercised by a subprocess test
+    raise ImportError('samplecache.tf needs TensorFlow: pip install "samplecache[tf]" (tensorflow-cpu), '
+                      f'or install tensorflow yourself ({e})') from e
+
+from samplecache.core import (
+    BatchOptions,
+    CacheOptions,
+    EpochPlan,
+    MissingColumn,
+    Position,
+    Reader,
+    ResumeState,
+    SplitOptions,
+    epoch_number,
+)
+from samplecache.format.record import Column
+from samplecache.reading.bufferpool import ALIGN  # noqa: F401 (ALIGN: re-exported)
+from samplecache.reading.bufferpool import BufferPool as Buffers
+from samplecache.reading.epoch_source import check_columns
+from samplecache.reading.gather import default_threads
+from samplecache.reading.reader import VALID_SUFFIX
+
+__all__ = ["Feed", "dataset", "element_spec", "MissingColumn"]
+
+
+# -- the element spec --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Col:
+    """How one cache column becomes a tensor."""
+
+    name: str
+    form: str                 # "fixed" | "string" | "ragged"
+    dtype: Any                # tf.DType
+    shape: tuple[int | None, ...]  # per sample; None where ragged
+    ragged_rank: int = 0      # "ragged": the per-sample dimensions that are ragged
+    masked: bool = False      # <name>__valid in the element
+
+    def spec(self, batch: int | None) -> dict[str, tf.TypeSpec]:
+        if self.form == "ragged":
+            out: dict[str, tf.TypeSpec] = {self.name: tf.RaggedTensorSpec(
+                [batch, *self.shape], self.dtype, ragged_rank=self.ragged_rank)}
+        else:
+            out = {self.name: tf.TensorSpec([batch, *self.shape], self.dtype)}
+        if self.masked:
+            shape = [batch, *self.shape] if self.form == "fixed" else [batch]
+            out[self.name + VALID_SUFFIX] = tf.TensorSpec(shape, tf.bool)
+        return out
+
+
+def _tensor_form(col: Column, masked: bool) -> _Col | str:
+    """The tensor form of ``col``, or why it has none."""
+    if col.kind in ("string", "binary"):
+        return _Col(col.name, "string", tf.string, (), masked=masked)
+    if col.kind == "nested":
+        return f"{col.arrow or 'a nested type'}: no tensor form (read it with samplecache.core.Reader.samples)"
+    dtype = np.dtype(col.dtype or "<f4")
+    if dtype.kind in "Mm":
+        dtype = np.dtype("<i8")  # the core's batches: int64 counts of the unit
+    try:
+        tf_dtype = tf.as_dtype(dtype)
+    except TypeError:
+        return f"dtype {dtype} has no TensorFlow dtype"
+    if col.kind == "fixed":
+        return _Col(col.name, "fixed", tf_dtype, tuple(int(d) for d in col.shape), masked=masked)
+    last = max(i for i, d in enumerate(col.shape) if d < 0)
+    shape = tuple(None if i <= last else int(d) for i, d in enumerate(col.shape))
+    return _Col(col.name, "ragged", tf_dtype, shape, ragged_rank=last + 1, masked=masked)
+
+
+def _plan_columns(schema: Mapping[str, Any], named: bool, masks: bool | Sequence[str]
+                  ) -> tuple[list[_Col], dict[str, str]]:
+    """The columns' tensor forms (and the left-out ones with why) from a ``/v1/schema`` answer."""
+    cols = [Column.from_json(c) for c in schema["columns"]]
+    if not isinstance(masks, bool):
+        check_columns(list(masks), [c.name for c in cols], schema.get("skipped_columns"))
+    forms, left_out = [], {}
+    for col in cols:
+        masked = (col.nullable if masks is True else False) if isinstance(masks, bool) else col.name in masks
+        got = _tensor_form(col, masked)
+        if isinstance(got, str):
+            if named:
+                raise TypeError(f"column {col.name!r} ({got}); leave it out of columns=")
+            left_out[col.name] = got
+        else:
+            forms.append(got)
+    return forms, left_out
+
+
+def element_spec(schema: Mapping[str, Any], batch_size: int | None = None,
+                 masks: bool | Sequence[str] = False) -> dict[str, tf.TypeSpec]:
+    """The ``element_spec`` of the batches of a ``/v1/schema`` answer (every column with a tensor form);
+    ``batch_size``: the static batch dimension (None: unknown)."""
+    forms, _ = _plan_columns(schema, False, masks)
+    return {k: v for c in forms for k, v in c.spec(batch_size).items()}
+
+
+# -- a core batch as tensors --------------------------------------------------------------------------------
+def _null_error(name: str) -> ValueError:
+    return ValueError(f"column {name!r} holds a null in this batch: read it with masks=[{name!r}] (or masks=True) "
+                      f"to get {name + VALID_SUFFIX!r} beside it")
+
+
+def _ragged(col: _Col, values: list[Any]) -> tuple[tf.RaggedTensor, np.ndarray]:
+    """A list of per-sample arrays (None: null) as one RaggedTensor: the flat values and row lengths."""
+    valid = np.fromiter((v is not None for v in values), bool, len(values))
+    fixed = tuple(d for d in col.shape[col.ragged_rank:])
+    cells = []
+    for v in values:
+        a = np.zeros((0,) * col.ragged_rank + fixed, col.dtype.as_numpy_dtype) if v is None else v
+        if not isinstance(a, np.ndarray) or a.ndim != len(col.shape):
+            raise ValueError(f"column {col.name!r}: a cell with null elements or ragged nesting ({type(a).__name__})"
+                             f" has no tensor form")
+        cells.append(a)
+    shapes = np.array([a.shape[:col.ragged_rank] for a in cells], np.int64).reshape(len(cells), col.ragged_rank)
+    lengths, counts = [], np.ones(len(cells), np.int64)
+    for j in range(col.ragged_rank):
+        lengths.append(np.repeat(shapes[:, j], counts))
+        counts = counts * shapes[:, j]
+    flat = (np.concatenate([a.reshape((-1,) + fixed) for a in cells]) if cells
+            else np.zeros((0,) + fixed, col.dtype.as_numpy_dtype))
+    return tf.RaggedTensor.from_nested_row_lengths(flat, lengths, validate=False), valid
+
+
+def _convert(cols: list[_Col], batch: dict[str, Any]) -> dict[str, Any]:
+    """One core batch (numpy arrays and lists) as the element: arrays stay as they are (TensorFlow takes them
+    whole), lists become string / ragged tensors; nulls only where masks are asked for."""
+    out: dict[str, Any] = {}
+    for col in cols:
+        v, name = batch[col.name], col.name
+        valid_name = name + VALID_SUFFIX
+        if col.form == "fixed":
+            out[name] = v
+            mask = batch.get(valid_name)
+            if col.masked:
+                out[valid_name] = mask if mask is not None else np.ones(v.shape, bool)
+            elif mask is not None and not mask.all():
+                raise _null_error(name)
+        elif col.form == "string":
+            valid = np.fromiter((x is not None for x in v), bool, len(v))
+            if not col.masked and not valid.all():
+                raise _null_error(name)
+            out[name] = np.array([b"" if x is None else x for x in v], dtype=object)
+            if col.masked:
+                out[valid_name] = valid
+        else:
+            out[name], valid = _ragged(col, v)
+            if not col.masked and not valid.all():
+                raise _null_error(name)
+            if col.masked:
+                out[valid_name] = valid
+    return out
+
+
+# -- the feed ---------------------------------------------------------------------------------------------
+def _position(input_context: Any, position: Position | None) -> Position:
+    if position is not None:
+        return position
+    if input_context is None:
+        return Position()
+    n, i = int(input_context.num_input_pipelines), int(input_context.input_pipeline_id)
+    return Position(rank=i, world=n, local_rank=i, local_world=n)
+
+
+class Feed:
+    """One job read as ``tf.data`` datasets: the reader, the element spec and where each pipeline stands.
+
+    ``dataset(input_context=...)`` may be called once per input pipeline (e.g. from the function given to
+    ``strategy.distribute_datasets_from_function``): the pipelines share this feed's job and epoch clock.
+    """
+
+    def __init__(self, url: str = "http://127.0.0.1:8750", columns: Sequence[str] | None = None, *,
+                 batch_size: int, drop_last: bool = False, masks: bool | Sequence[str] = False,
+                 shuffle: bool = True, seed: int = 0, partial: str = "pad", shuffle_buffer: int = 0,
+                 job: str | None = None, run: str | None = None, token: str | None = None,
+                 deadline: float | None = None, retries: int | None = None, lease: bool = True,
+                 min_samples: int = 1, wait: float = 60.0, prefetch: int = 2, copy_threads: int | None = None,
+                 resume: ResumeState | Mapping[str, Any] | None = None) -> None:
+        """``columns`` None: every column with a tensor form. ``masks``: the columns (True: every nullable one)
+        that come with ``<name>__valid``. ``job``/``run``: processes of one multi-worker run pass the same
+        two (default: a new job and run). The other options are the core's (``CacheOptions``,
+        ``SplitOptions``, ``BatchOptions``). Raises ``MissingColumn`` for a column the cache lacks."""
+        self.options = BatchOptions(batch_size, drop_last, True, prefetch, copy_threads)
+        self.reader = Reader(CacheOptions(url, columns, job, token, deadline, retries, lease, min_samples, wait),
+                             SplitOptions(shuffle, int(seed), partial, int(shuffle_buffer)), run=run)
+        self.schema = self.reader.schema()  # MissingColumn here, naming the column
+        self._cols, self.left_out = _plan_columns(self.schema, columns is not None, masks)
+        if not self._cols:
+            raise ValueError(f"no column with a tensor form to read (left out: {self.left_out})")
+        if columns is None and self.left_out:  # read only the columns that have a tensor form
+            self.reader.close()
+            self.reader = Reader(CacheOptions(url, [c.name for c in self._cols], job, token, deadline, retries,
+                                              lease, min_samples, wait), self.reader.split, run=self.reader.source.run)
+        self.element_spec = {k: v for c in self._cols
+                             for k, v in c.spec(batch_size if drop_last else None).items()}
+        self._lock = threading.Lock()
+        self._pending: dict[int, ResumeState] = {}  # pipeline -> the loaded state of its rank
+        self._at: dict[int, tuple[int, int]] = {}  # pipeline -> (epoch, first sample) of its current iteration
+        self._iterations: dict[int, int] = {}  # pipeline -> iterations started (the epoch clock's key)
+        if resume is not None:
+            self.load_state(resume)
+
+    @property
+    def job(self) -> str:
+        """The job this feed reads as."""
+        return self.reader.job
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read job epoch ``epoch`` at the next iteration (later iterations go on from there)."""
+        self.reader.set_epoch(epoch)
+
+    def dataset(self, input_context: Any = None, *, epoch: int | None = None,
+                position: Position | None = None) -> tf.data.Dataset:
+        """The batches of one input pipeline (``input_context``: a ``tf.distribute.InputContext``; None: the
+        only one). ``epoch``: read that job epoch at every iteration (default: the next one each time).
+        ``position``: the core's Position instead (several hosts, each with its own cache: with ``agreed``)."""
+        pos = _position(input_context, position)
+        fixed = None if epoch is None else epoch_number(epoch)
+        return tf.data.Dataset.from_generator(lambda: self._generate(pos, fixed),
+                                              output_signature=self.element_spec)
+
+    def _generate(self, pos: Position, fixed: int | None) -> Iterator[dict[str, Any]]:
+        pipe = pos.rank
+        with self._lock:
+            n = self._iterations.get(pipe, 0)
+            self._iterations[pipe] = n + 1
+        epoch = fixed if fixed is not None else self.reader.take_epoch(key=(-2, n))
+        with self._lock:
+            pending = self._pending.get(pipe)
+            start = 0
+            if pending is not None and pending.epoch == epoch:
+                if int(pending.extra.get("pipelines", pos.world)) != pos.world:
+                    raise ValueError(f"this state was saved by one of {pending.extra['pipelines']} input "
+                                     f"pipelines; resume with the same number (now {pos.world})")
+                start = pending.skip[0]
+                del self._pending[pipe]
+            self._at[pipe] = (epoch, start)
+        buffers, b = Buffers(), self.options.batch_size
+        threads = self.options.copy_threads or default_threads()
+
+        def gather(plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, unit: int
+                   ) -> Iterator[tuple[int, dict[str, Any]]]:  # the core's gather_batches, into Buffers
+            got = plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, buffers.alloc,
+                                    threads, masks=True)
+            for a in range(0, len(idx), b):
+                yield min(b, len(idx) - a), {k: v[a:a + b] for k, v in got.items()}
+
+        items = self.reader.iterate(epoch, pos, start, self.options, gather=gather)
+        try:
+            for _, batch in items:
+                yield _convert(self._cols, batch)
+        finally:
+            items.close()  # type: ignore[attr-defined]  # the lease goes now, not when collected
+
+    def count(self, epoch: int, input_context: Any = None, position: Position | None = None) -> int:
+        """Samples one pipeline reads in job epoch ``epoch`` (``steps = ceil(count / batch_size)``)."""
+        return self.reader.count(epoch, _position(input_context, position))
+
+    # -- resuming -------------------------------------------------------------------------------------
+    def state(self, batches: int, input_context: Any = None, position: Position | None = None) -> ResumeState:
+        """Where a pipeline stands after the training loop took ``batches`` batches of its current iteration
+        (``tf.data`` reads ahead, so the loop's count is the one that matters): save ``to_dict()``."""
+        pos = _position(input_context, position)
+        with self._lock:
+            at = self._at.get(pos.rank)
+        if at is None:
+            raise RuntimeError("this pipeline has not started reading: there is no position to save")
+        epoch, start = at
+        total = self.reader.count(epoch, pos)
+        done = min(total, start + int(batches) * self.options.batch_size)
+        state = self.reader.state(epoch, [done])
+        state.extra.update({"adapter": "tf", "pipelines": pos.world, "pipeline": pos.rank})
+        return state
+
+    def load_state(self, state: ResumeState | Mapping[str, Any]) -> None:
+        """Take the saved job over; the pipeline that saved it (``pipeline`` in the state, else 0) reads the
+        rest of the saved epoch at its next iteration. Load every pipeline's state before iterating."""
+        if not isinstance(state, ResumeState):
+            state = ResumeState.from_dict(state)
+        if len(state.skip) != 1:
+            raise ValueError(f"this state was saved by {len(state.skip)} DataLoader workers; a tf.data pipeline "
+                             f"is one reader: resume it with the PyTorch adapter")
+        self.reader.load_state(state)
+        self.reader.pending = None  # this feed keeps the position per pipeline
+        with self._lock:
+            self._pending[int(state.extra.get("pipeline", 0))] = state
+            self._iterations.clear()
+
+    def close(self) -> None:
+        """Release the leases now (also done when the feed is dropped)."""
+        self.reader.close()
+
+    def __enter__(self) -> "Feed":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def dataset(url: str = "http://127.0.0.1:8750", columns: Sequence[str] | None = None, *, batch_size: int,
+            input_context: Any = None, epoch: int | None = None, **options: Any) -> tf.data.Dataset:
+    """``Feed(url, columns, batch_size=..., **options).dataset(input_context, epoch=epoch)``: a
+    ``tf.data.Dataset`` of dicts of tensors; the feed is at ``.samplecache_feed`` (for ``state()``)."""
+    feed = Feed(url, columns, batch_size=batch_size, **options)
+    ds = feed.dataset(input_context, epoch=epoch)
+    ds.samplecache_feed = feed
+    return ds

@@ -1,3 +1,0 @@
-from samplecache.service.cli import main
-
-raise SystemExit(main())

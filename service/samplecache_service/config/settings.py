@@ -1,0 +1,239 @@
+"""The one settings object: flags, SAMPLECACHE_* environment and a config file
+(service/samplecache_service/config/file.py), validated once at start and again on a reload."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import ByteSize, Field, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+Pacing = Literal["epoch", "off"]
+Auth = Literal["token", "off"]
+LogFormat = Literal["text", "json"]
+PACING: tuple[str, ...] = get_args(Pacing)
+MIN_PART_BYTES = 64 << 10  # the smallest shard target
+MIN_BUDGET = 4096  # the smallest max_bytes: one block
+_SIZE = re.compile(r"\s*\d*\.?\d+\s*[A-Za-z]*\s*")
+
+
+_from_file: ContextVar[dict[str, Any]] = ContextVar("samplecache_config_file", default={})
+
+
+# the eviction policies by name (store/eviction.py maps each to its order)
+EVICTION_POLICIES = ("fifo", "lru", "random")
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8 and ::1 (only this host can connect)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    """The values of the config file (service/samplecache_service/config/file.py reads it): below flags and
+    environment, above defaults."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return _from_file.get().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_from_file.get())
+
+
+def default_samplers() -> int:
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+class Settings(BaseSettings):
+    """Every setting of the daemon. Each is a ``serve`` flag and a ``SAMPLECACHE_<NAME>`` variable."""
+
+    model_config = SettingsConfigDict(env_prefix="SAMPLECACHE_", extra="forbid", validate_default=True)
+
+    source: str = Field("", description="fsspec URL of a prefix, directory or glob of Parquet files "
+                        "(s3://, gs://, file://, ...)")
+    cache_dir: Path = Field(Path("./samplecache-data"), description="Directory of the LMDB cache and the staging files")
+    max_bytes: ByteSize = Field(ByteSize(10 * 2**30), description="Budget of resident sample bytes (e.g. 500GB, 2GiB)")
+    min_free_disk: ByteSize = Field(ByteSize(2**30), description="Stop growing when the cache filesystem has less "
+                                    "free space than this")
+    samplers: int = Field(default_factory=default_samplers, ge=1, le=256,
+                          description="Sampler subprocesses (default: cores - 1)")
+    host: str = Field("127.0.0.1", description="Address to listen on (loopback by default)")
+    port: int = Field(8750, ge=0, le=65535, description="HTTP port")
+    token: str | None = Field(None, description="Bearer token required by endpoints that change state "
+                              "(unset: the token file's)")
+    auth: Auth = Field("token", description="token (requests that change state need the bearer token) "
+                       "or off (only on a loopback --host)")
+    token_file: Path | None = Field(None, description="File of the bearer token when --token is unset: reused, "
+                                    "or created with a random token, mode 0640 (default: <cache_dir>/api-token)")
+    max_body_bytes: ByteSize = Field(ByteSize(2**20), description="Largest request body accepted "
+                                     "(larger: 413, refused before it is read)")
+    storage_options: Annotated[dict[str, Any], NoDecode] = Field(
+        default_factory=dict, description="JSON object passed to fsspec (endpoint, credentials, ...)")
+    columns: list[str] | None = Field(None, description="Sample only these columns "
+                                      "(comma-separated; default: all supported)")
+    seed: int = Field(0, ge=0, description="Seed of the remote sampling order (and of random eviction)")
+    eviction_policy: str = Field("fifo", description="Which shards make room once the budget is reached: "
+                                 "fifo, random or lru")
+    epoch_headroom: float = Field(0.2, ge=0.0, lt=1.0, description="Fraction of the budget a new epoch leaves out "
+                                  "(the policy's next evictions) so new shards fit while it is leased")
+    lease_ttl: float = Field(60.0, gt=0, le=3600, description="Seconds a reader's lease on an epoch lives "
+                             "without a heartbeat")
+    pacing: Pacing = Field("epoch", description="Once the cache is full: epoch (replace at most "
+                           "replace_per_epoch x budget of remote bytes per sealed epoch; nothing while no job reads) "
+                           "or off (replace as fast as the samplers go)")
+    replace_per_epoch: float = Field(0.2, ge=0.0, le=1.0, description="With pacing=epoch: share of the budget "
+                                     "fetched anew per sealed epoch once the cache is full "
+                                     "(0: keep the sample as it is)")
+    max_ingest_rate: ByteSize = Field(ByteSize(0), ge=0, description="Cap on remote bytes per second, also while "
+                                      "filling (e.g. 200MB; 0: no cap)")
+    epoch_max_samples: int = Field(0, ge=0, description="Cap on the samples of one epoch (0: every resident sample)")
+    discover_interval: float = Field(300.0, gt=0, description="Seconds between listings of the source for new files")
+    num_nodes: int = Field(1, ge=1, description="How many hosts split the remote's row groups between them")
+    node_rank: int = Field(0, ge=0, description="This host's part of the remote when several hosts share it")
+    block_bytes: ByteSize = Field(ByteSize(2**20), description="Target size of one stored block of rows")
+    unit_bytes: ByteSize = Field(ByteSize(64 * 2**20), description="Target size of a shard: larger row groups are "
+                                 "read in slices into several shards (a sampler holds about 2x this; "
+                                 "at most 1/16 of max_bytes is used)")
+    schema_file: Path | None = Field(None, description="A Parquet or Arrow IPC file whose schema pins the dataset's "
+                                     "(e.g. pq.write_table(schema.empty_table(), 'schema.parquet')); "
+                                     "default: the files' schemas unified")
+    epoch_wait_max: float = Field(600.0, gt=0, description="Longest wait (s) a manifest request may ask for "
+                                  "with min_samples")
+    epochs_kept: int = Field(64, ge=1, le=1_000_000, description="Sealed epoch manifests kept besides those "
+                             "leased or mapped by a job (older ones are dropped; a GET of one answers 410)")
+    retry_seconds: float = Field(5.0, gt=0, description="Back-off (s) after the remote is unreachable")
+    log_level: str = Field("info", description="Log level: debug, info, warning, error")
+    log_format: LogFormat = Field("text", description="Log lines as text (for people) or json "
+                                  "(one object per line, stable keys, for log shippers)")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _ConfigFileSource(settings_cls)
+
+    @classmethod
+    def layered(cls, flags: dict[str, Any], file_values: dict[str, Any]) -> "Settings":
+        """Settings from flags (keyword arguments), then the environment, then ``file_values``, then defaults."""
+        token = _from_file.set(dict(file_values))
+        try:
+            return cls(**flags)
+        finally:
+            _from_file.reset(token)
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _split_columns(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [c.strip() for c in v.split(",") if c.strip()] or None
+        return v
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        if v.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError("must be one of debug, info, warning, error")
+        return v.lower()
+
+    @field_validator("eviction_policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        if v not in EVICTION_POLICIES:
+            raise ValueError(f"unknown eviction policy {v!r}; choose one of {', '.join(sorted(EVICTION_POLICIES))}")
+        return v
+
+    @field_validator("max_bytes", "min_free_disk", "block_bytes", "unit_bytes", "max_ingest_rate", "max_body_bytes",
+                     mode="before")
+    @classmethod
+    def _whole_size(cls, v: Any) -> Any:
+        if isinstance(v, str) and not _SIZE.fullmatch(v):
+            raise ValueError(f"{v!r} is not a size (e.g. 500GB, 2GiB, 1.5 TiB, 1048576)")
+        return v
+
+    @field_validator("max_bytes")
+    @classmethod
+    def _positive(cls, v: ByteSize) -> ByteSize:
+        if v <= 0:
+            raise ValueError("must be positive")
+        return v
+
+    @field_validator("max_body_bytes")
+    @classmethod
+    def _body(cls, v: ByteSize) -> ByteSize:
+        if v < 1024:
+            raise ValueError("must be at least 1KiB")
+        return v
+
+    @field_validator("auth")
+    @classmethod
+    def _auth_off_on_loopback(cls, v: str, info: ValidationInfo) -> str:
+        host = info.data.get("host")
+        if v == "off" and host is not None and not is_loopback(host):
+            raise ValueError(f"auth off is only allowed on a loopback --host (127.0.0.1, ::1, localhost), not "
+                             f"{host!r}: anyone who can reach it could change the cache; keep --auth token")
+        return v
+
+    @field_validator("block_bytes", "unit_bytes")
+    @classmethod
+    def _block(cls, v: ByteSize) -> ByteSize:
+        if v < 4096:
+            raise ValueError("must be at least 4KiB")
+        return v
+
+    @field_validator("node_rank")
+    @classmethod
+    def _rank(cls, v: int, info: ValidationInfo) -> int:
+        nodes = info.data.get("num_nodes", 1)
+        if v >= nodes:
+            raise ValueError(f"must be smaller than num_nodes ({nodes})")
+        return v
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _json(cls, v: Any) -> Any:
+        if isinstance(v, (str, bytes)):
+            try:
+                v = json.loads(v)
+            except ValueError as e:
+                raise ValueError(f"not JSON: {e}") from None
+        if not isinstance(v, dict):
+            raise ValueError("must be a JSON object")
+        return v
+
+    @property
+    def lmdb_path(self) -> Path:
+        return self.cache_dir.resolve() / "lmdb"
+
+    @property
+    def part_bytes(self) -> int:
+        """Target bytes of one shard: ``unit_bytes``, but at most 1/16 of the budget (not under 64 KiB, unless
+        the budget itself is smaller), so a shard fits."""
+        return min(int(self.max_bytes), max(MIN_PART_BYTES, min(int(self.unit_bytes), int(self.max_bytes) // 16)))
+
+    @property
+    def staging_dir(self) -> Path:
+        return self.cache_dir.resolve() / "staging"
+
+    def public(self) -> dict[str, Any]:
+        """Settings as shown over HTTP: secrets left out."""
+        d = self.model_dump(mode="json")
+        d["token"] = "set" if self.token else None
+        d["storage_options"] = sorted(self.storage_options)
+        if self.source:
+            from samplecache_service.config.redact import redact
+            d["source"] = redact(self.source)
+        return d

@@ -1,0 +1,307 @@
+"""The daemon: builds the parts (discovery, planner, samplers, writer, epochs, leases) and is the facade the HTTP
+routes call. Sampling state belongs to the scheduler (``scheduler.py``); routes never write daemon fields."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from samplecache_service.config.redact import redact
+from samplecache_service.config.settings import MIN_BUDGET, Settings
+from samplecache_service.epochs.jobs import JobTable
+from samplecache_service.epochs.leases import Lease, LeaseTable
+from samplecache_service.epochs.manager import EpochManager
+from samplecache_service.errors import NotFound
+from samplecache_service.files import make_dir
+from samplecache_service.ops.control import configure
+from samplecache_service.ops.health import Health
+from samplecache_service.ops.history import History, Recorder
+from samplecache_service.remote.discovery import Discovery, released
+from samplecache_service.remote.planner import Planner
+from samplecache_service.remote.schemas import SchemaConflict
+from samplecache_service.remote.stores import FsspecRemote
+from samplecache_service.sampling.pacing import Pacer
+from samplecache_service.sampling.scheduler import Scheduler
+from samplecache_service.sampling.supervisor import Supervisor
+from samplecache_service.sampling.traffic import Traffic
+from samplecache_service.store.budget import Budget
+from samplecache_service.store.cachedir import (
+    StartupError,
+    check_identity,
+    check_lmdb_file,
+    lock_cache_dir,
+    map_size_for,
+    reset_cache,
+)
+from samplecache_service.store.catalog import Catalog, Shard
+from samplecache_service.store.disk import DiskSpace
+from samplecache_service.store.eviction import EvictionPlan, plan_eviction
+from samplecache_service.store.staging import leftovers, set_aside
+from samplecache_service.store.writer import NoRoom, Writer, open_env
+
+log = logging.getLogger("samplecache.daemon")
+
+
+def _exit_on_fatal(reason: str) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts down; `samplecache serve` then exits 1
+
+
+class Daemon:
+    def __init__(self, settings: Settings, reset: bool = False) -> None:
+        """``reset``: drop the cache dir's LMDB cache and staging files first (``serve --reset-cache``)."""
+        self.settings = settings
+        self.started = time.time()
+        self.source_shown = redact(settings.source or "")
+        try:
+            make_dir(settings.cache_dir)
+            make_dir(settings.staging_dir)
+        except OSError as e:
+            raise StartupError(f"cache_dir {settings.cache_dir}: {e}") from e
+        self._lock_fd = lock_cache_dir(settings.cache_dir)
+        try:
+            if reset:
+                reset_cache(settings)
+                log.warning("--reset-cache: the LMDB cache and staging files of %s were dropped", settings.cache_dir,
+                            extra={"event": "cache_reset", "path": str(settings.cache_dir)})
+            check_lmdb_file(settings.lmdb_path)  # a damaged file: one line and exit 2, never SIGBUS
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self.health = Health(on_fatal=_exit_on_fatal)
+        # the config file and the last reload (service/samplecache_service/ops/reload.py)
+        self.config_state: dict[str, Any] | None = None
+        self.budget = Budget(int(settings.max_bytes), int(settings.min_free_disk), settings.eviction_policy)
+        self.map_size = map_size_for(self.budget.max_bytes)
+        self.env, self.dbs = open_env(settings.lmdb_path, self.map_size)
+        self.catalog = Catalog(self.env, self.dbs)
+        self.writer = Writer(self.env, self.dbs, self.catalog)
+        self.disk = DiskSpace(settings.cache_dir, self.env, self.dbs)
+        check_identity(self.catalog, self.writer, settings)
+        self.leases = LeaseTable(settings.lease_ttl)
+        self.leases.load(self.catalog.meta("leases", []) or [])
+        self.jobs = JobTable(settings.lease_ttl)
+        self.jobs.load(self.catalog.meta("jobs", []) or [])
+        self.epochs = EpochManager(self.catalog, self.writer, self.leases, self._manifest_fields,
+                                   settings.epoch_wait_max)
+        self.epochs.max_samples = settings.epoch_max_samples
+        self.epochs.resident_for_epoch = self.epoch_shards
+        self.epochs.extra_pins = self.jobs.recently_mapped
+        self.epochs.reuse_key = lambda: (self.max_bytes, self.policy)
+        self.epochs.keep_last = settings.epochs_kept
+        self.epochs.job_epochs = self.jobs.mapped
+        self.remote = FsspecRemote(settings.source, settings.storage_options) if settings.source else None
+        self.traffic = Traffic(Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate)),
+                               lambda: self.remote.bytes_read if self.remote is not None else 0)
+        self.epochs.on_new_epoch = lambda epoch: self.traffic.epoch_started(self.max_bytes)
+        try:
+            self.discovery = Discovery(self.remote, self.catalog, self.writer, settings.columns,
+                                       settings.part_bytes, settings.schema_file) if self.remote else None
+        except SchemaConflict as e:
+            self.writer.close()
+            self.env.close()
+            os.close(self._lock_fd)
+            raise StartupError(str(e)) from None
+        # the samplers' results go to the scheduler, built next (the supervisor starts in start())
+        self.supervisor = Supervisor(settings.samplers, lambda result: self.scheduler.on_result(result))
+        self.scheduler = Scheduler(settings, self.catalog, self.writer, self.disk, self.traffic, self.supervisor,
+                                   self.budget, self.discovery, pinned_epochs=self.epochs.pinned_epochs,
+                                   make_room=self.make_room, expire_leases=self.expire_leases, die=self.health.die,
+                                   source_shown=self.source_shown)
+        self.history = History()  # the status page's charts (GET /)
+        self.recorder = Recorder(self.catalog, self.budget, self.scheduler, self.traffic, self.history)
+        self.health.add_check("writer",
+                              lambda: None if self.writer.alive() else "the LMDB writer thread is not running")
+        self.health.add_check("samplers", self.supervisor.problem)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- what the routes and the status read ----------------------------------------------------
+    @property
+    def schema(self) -> Any:
+        return self.discovery.schema if self.discovery else None
+
+    # the budget in force (PATCH /v1/config and SIGHUP change it through ``configure``)
+    @property
+    def max_bytes(self) -> int:
+        return self.budget.max_bytes
+
+    @property
+    def min_free_disk(self) -> int:
+        return self.budget.min_free_disk
+
+    @property
+    def policy(self) -> str:
+        return self.budget.policy
+
+    @property
+    def planner(self) -> Planner | None:
+        return self.scheduler.planner
+
+    @property
+    def paused_reason(self) -> str | None:
+        return self.scheduler.paused_reason
+
+    @property
+    def user_paused(self) -> bool:
+        return self.scheduler.user_paused
+
+    @property
+    def last_error(self) -> str | None:
+        return redact(self.scheduler.last_error) if self.scheduler.last_error else None
+
+    @property
+    def remote_errors(self) -> int:
+        return self.scheduler.remote_errors
+
+    @property
+    def evicted_shards(self) -> int:
+        return self.scheduler.evicted_shards
+
+    # -- start / stop ------------------------------------------------------------------------
+    def check_remote(self) -> None:
+        """Fail fast at start when a fresh cache's source is unusable (raises StartupError)."""
+        if self.remote is None:
+            raise StartupError("source is not set: pass --source URL or SAMPLECACHE_SOURCE")
+        if self.max_bytes < MIN_BUDGET:
+            raise StartupError(f"max_bytes {self.max_bytes} is too small for one block of rows: --max-bytes / "
+                               f"SAMPLECACHE_MAX_BYTES of at least {MIN_BUDGET} fits")
+        if not self.catalog.files() or self.schema is None:
+            self.scheduler.discover()
+            if self.scheduler.planner is None:
+                raise StartupError(self.last_error or f"cannot read source {self.source_shown!r}")
+
+    def start(self) -> None:
+        self._recover_staging()
+        self.supervisor.start()
+        t = threading.Thread(target=self.health.run_loop, args=("scheduler", self.scheduler.step, self._stop),
+                             kwargs={"interval": 0.0}, name="samplecache-scheduler", daemon=True)
+        t.start()
+        self._threads.append(t)
+        t = threading.Thread(target=self.health.run_loop, name="samplecache-history", daemon=True,
+                             args=("history", self.recorder.step, self._stop, self.history.interval))
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        """Stop sampling, finish queued ingests, close LMDB. Safe to call twice."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.supervisor.stopping()  # from now on a sampler that dies is not replaced
+        for t in self._threads:
+            t.join(timeout=5)
+        self.supervisor.stop(timeout=3)  # staged-but-not-ingested files stay for the next start
+        self.writer.close()
+        self.env.close()
+        os.close(self._lock_fd)
+
+    def _recover_staging(self) -> None:
+        """Ingest what the previous run staged. A file that cannot be ingested (no room, a full disk, damage)
+        is set aside or dropped with a log line: a restart never fails on a leftover."""
+        n = 0
+        for path in leftovers(self.settings.staging_dir):
+            try:
+                self.writer.ingest(path, make_room=self.make_room).result()
+                n += 1
+            except NoRoom:
+                path.unlink(missing_ok=True)  # its unit is not marked done: it will be sampled again
+            except Exception as e:  # disk full, I/O error, damage: keep the daemon starting
+                where = set_aside(path)
+                log.error("could not ingest the leftover staging file %s (%s: %s); %s; its unit will be sampled "
+                          "again", path.name, type(e).__name__, e, f"moved to {where}" if where else "dropped",
+                          extra={"event": "staging_recovery_failed", "path": str(path)})
+        if n:
+            log.info("recovered %d staging file(s) from the previous run", n, extra={"event": "staging_recovered"})
+
+    # -- budget ------------------------------------------------------------------------------
+    def make_room(self, incoming: int) -> EvictionPlan:
+        """Which shards to evict so ``incoming`` more bytes fit (runs on the writer thread)."""
+        # the kept manifests count within the budget
+        return plan_eviction(self.catalog.shards(), self.epochs.pinned_shards(),
+                             self.max_bytes - self.catalog.manifest_total, incoming, self.policy, self.settings.seed)
+
+    def epoch_shards(self) -> list[Shard]:
+        """What a new epoch may name: the resident shards, less what the eviction policy would drop to
+        keep ``epoch_headroom`` of the budget free. While an epoch is leased its shards cannot be
+        evicted, so this headroom is where new shards go until the next epoch; without it a full,
+        leased cache could never take in new data."""
+        shards = self.catalog.shards()
+        keep = int(self.max_bytes * (1.0 - self.settings.epoch_headroom))
+        drop = set(plan_eviction(shards, (), keep, 0, self.policy, self.settings.seed).evict)
+        return [s for s in shards if s.id not in drop] or shards[-1:]
+
+    # -- control: every change runs on the scheduler's thread ----------------------------------------
+    def set_paused(self, paused: bool) -> "Future[None]":
+        return self.scheduler.call(lambda: self.scheduler.set_paused(paused))
+
+    def configure(self, **changes: Any) -> "Future[None]":
+        """Change runtime settings (validated; the future raises errors.Invalid or errors.Conflict with what fits)."""
+        def change() -> None:
+            configure(self.budget, self.catalog, self.epochs, self.traffic.pacer, self.map_size, **changes)
+            if changes.get("max_bytes") is not None or changes.get("policy") is not None:
+                self.writer.evict(self.make_room).add_done_callback(self.scheduler.count_evicted)
+                self.scheduler.complete = False
+            self.scheduler.refresh_reason()
+        return self.scheduler.call(change)
+
+    def runtime_config(self) -> dict[str, Any]:
+        """The settings that change at run time (PATCH /v1/config, SIGHUP), as in use now."""
+        pacer = self.traffic.pacer
+        return {"max_bytes": self.max_bytes, "eviction_policy": self.policy, "min_free_disk": self.min_free_disk,
+                "epoch_max_samples": self.epochs.max_samples, "pacing": pacer.mode,
+                "replace_per_epoch": pacer.replace_per_epoch, "max_ingest_rate": pacer.max_rate,
+                "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()}
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        return [{"path": redact(p), "reason": redact(str(i.get("reason", ""))), "kind": i.get("kind", "corrupt"),
+                 "at": i.get("at"), "released": bool(i.get("recheck"))}
+                for p, i in sorted(self.catalog.files().items()) if i.get("quarantined")]
+
+    def release(self, path: str) -> "Future[None]":
+        """Take ``path`` out of quarantine: it is read again at once (and quarantined again if still bad).
+        The future raises errors.NotFound when no quarantined file has that name."""
+        def op() -> None:
+            info = self.catalog.file(path)
+            if not info.get("quarantined"):
+                raise NotFound(f"no quarantined file {redact(path)!r} (GET /v1/quarantine lists them)")
+            self.writer.put_files({path: released(info)}).result()
+            self.scheduler.discover_soon()
+        return self.scheduler.call(op)
+
+    # -- leases ----------------------------------------------------------------------------------------
+    def expire_leases(self) -> None:
+        gone = self.leases.expire()
+        for lease in gone:
+            log.info("lease %s on epoch %d expired (job %s): its reader stopped heartbeating", lease.id, lease.epoch,
+                     lease.job, extra={"event": "lease_expired", "lease": lease.id, "epoch": lease.epoch,
+                                       "job": lease.job})
+            self.lease_ended(lease)
+        if self.jobs.expire(self.leases.jobs()) or gone:
+            self.persist_leases()
+
+    def lease_ended(self, lease: Lease) -> None:
+        """A lease was released or expired: its reader's samples count for its job's epoch."""
+        self.jobs.add_read(lease.job, lease.job_epoch, lease.read)
+
+    def missing_shards(self, epoch: int) -> int:
+        """How many shards of ``epoch`` are no longer resident."""
+        return sum(1 for sid in self.epochs.shard_ids(epoch) if self.catalog.shard(sid) is None)
+
+    def persist_leases(self) -> "Future[None]":
+        """Queue the lease and job tables for the disk (a restart gives every saved lease a fresh TTL). They are
+        read on the writer thread, so a later snapshot never lands before an earlier one."""
+        return self.writer.put_meta(lambda: {"leases": self.leases.saved(), "jobs": self.jobs.saved()})
+
+    # -- reporting -----------------------------------------------------------------------------------
+    def _manifest_fields(self) -> dict[str, Any]:
+        """What every manifest says besides its shards (called once per seal, just before it)."""
+        assert self.schema is not None
+        return {"schema": self.schema.to_json(), "lmdb_path": str(self.settings.lmdb_path),
+                "skipped_columns": self.discovery.skipped if self.discovery else {},
+                "map_size": self.map_size, "seed": self.settings.seed, "source": self.source_shown,
+                "remote_bytes": self.traffic.sealing()}

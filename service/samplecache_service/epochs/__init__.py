@@ -1,0 +1,1 @@
+"""Epochs: sealing immutable manifests, the leases that pin them, and the jobs whose epochs map to them."""

@@ -1,0 +1,186 @@
+"""Epochs: seal epoch N's manifest on first request; every later caller gets the same bytes.
+
+Also the pins: every shard named by an epoch with a live lease, or by the latest
+epoch while it is younger than the lease TTL (the gap between a reader fetching
+a manifest and taking its lease), must not be evicted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from samplecache.format.manifest import Manifest
+from samplecache_service.epochs.leases import LeaseTable
+from samplecache_service.errors import Conflict, Gone, NotReady
+from samplecache_service.store.catalog import Catalog, Shard
+from samplecache_service.store.writer import Writer
+
+log = logging.getLogger("samplecache.epochs")
+
+
+def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) -> list[Shard]:
+    """Every resident shard, or with a cap a seeded random subset (at least one shard), in id order."""
+    if max_samples <= 0 or sum(s.rows for s in shards) <= max_samples:
+        return shards
+    order = np.random.default_rng([seed, epoch, 7]).permutation(len(shards))
+    picked: list[Shard] = []
+    rows = 0
+    for i in order:
+        s = shards[int(i)]
+        if picked and rows + s.rows > max_samples:
+            continue
+        picked.append(s)
+        rows += s.rows
+    return sorted(picked, key=lambda s: s.id)
+
+
+def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb_path: str,
+                   map_size: int, seed: int, source: str, previous: set[int], remote_bytes: int = 0,
+                   skipped_columns: dict[str, str] | None = None) -> dict[str, Any]:
+    """The manifest of ``epoch``: shards in id (= age) order."""
+    return Manifest(
+        epoch=epoch, seed=seed, source=source, lmdb_path=lmdb_path, map_size=map_size, schema=schema,
+        skipped_columns=dict(skipped_columns or {}), sealed_at=time.time(),
+        samples=sum(s.rows for s in shards), bytes=sum(s.bytes for s in shards),
+        new_samples=sum(s.rows for s in shards if s.id not in previous), remote_bytes=remote_bytes,
+        shards=[(s.id, s.rows, s.bytes, s.rows_per_block) for s in shards],
+    ).to_json()
+
+
+class EpochManager:
+    def __init__(self, catalog: Catalog, writer: Writer, leases: LeaseTable,
+                 manifest_fields: Callable[[], dict[str, Any]], wait_max: float) -> None:
+        self.catalog = catalog
+        self.writer = writer
+        self.leases = leases
+        self.manifest_fields = manifest_fields
+        self.wait_max = wait_max
+        self.max_samples = 0
+        # () -> the shards an epoch may name: the resident ones minus what the eviction policy would
+        # drop to leave headroom for new shards while the epoch is leased (set by the daemon)
+        self.resident_for_epoch: Callable[[], list[Shard]] = catalog.shards
+        self.extra_pins: Callable[[], set[int]] = set  # epochs pinned besides leases (jobs' new mappings)
+        self.on_new_epoch: Callable[[int], None] = lambda epoch: None  # sealed, or reused by a job
+        self._lock = asyncio.Lock()
+        self._ids: dict[int, frozenset[int]] = {}
+        self._sealed_from: dict[int, tuple[Any, ...]] = {}  # the latest uncapped epoch -> what it was made from
+        self.reuse_key: Callable[[], tuple[Any, ...]] = tuple  # settings that change what an epoch names
+        self.keep_last = 0  # manifests kept besides pinned and job-mapped ones (0: all)
+        self.job_epochs: Callable[[], set[int]] = set  # daemon epochs that jobs map theirs to (kept)
+
+    def kept_epochs(self) -> set[int]:
+        """Epochs whose manifests must stay whatever their age: pinned (leases, a fresh seal) or job-mapped."""
+        return self.pinned_epochs() | self.job_epochs()
+
+    def last_sealed(self) -> int:
+        eps = self.catalog.epochs()
+        return eps[-1] if eps else -1
+
+    def shard_ids(self, epoch: int) -> frozenset[int]:
+        got = self._ids.get(epoch)
+        if got is None:
+            raw = self.catalog.manifest_bytes(epoch)
+            if not raw:
+                return frozenset()  # not sealed, or no longer kept: never cached as "no shards"
+            got = frozenset(int(e[0]) for e in json.loads(raw)["shards"])
+            self._ids[epoch] = got
+            kept = set(self.catalog.epochs())
+            for e in [e for e in self._ids if e not in kept]:
+                del self._ids[e]
+        return got
+
+    def pinned_epochs(self) -> set[int]:
+        sealed = set(self.catalog.epochs())
+        pinned = {e for e in self.leases.epochs() | self.extra_pins() if e in sealed}
+        last = self.last_sealed()
+        sealed_at = self.catalog.summary(last).get("sealed_at", 0)
+        if last >= 0 and time.time() - sealed_at < self.leases.default_ttl:
+            pinned.add(last)
+        return pinned
+
+    def pinned_shards(self) -> set[int]:
+        out: set[int] = set()
+        for e in self.pinned_epochs():
+            out |= self.shard_ids(e)
+        return out
+
+    async def _warm(self, epoch: int, min_samples: int, timeout: float) -> None:
+        """Wait (bounded) until the cache holds ``min_samples``; 503 with Retry-After when it does not."""
+        deadline = time.monotonic() + min(max(timeout, 0.0), self.wait_max)
+        while self.catalog.resident_rows < min_samples:
+            if time.monotonic() >= deadline:
+                raise NotReady(f"epoch {epoch} needs at least {min_samples} samples; the cache holds "
+                                      f"{self.catalog.resident_rows} so far (warming up): retry later",
+                                 retry_after=2.0)
+            await asyncio.sleep(0.05)
+
+    def _made_from(self) -> tuple[Any, ...]:
+        """What an uncapped epoch sealed now would be made from: the resident shards and the settings that
+        decide which of them it names."""
+        return (self.catalog.shards_version, *self.reuse_key())
+
+    async def _seal(self, epoch: int, cap: int) -> bytes:
+        """Seal ``epoch`` (the next one) from the shards resident now. The caller holds ``_lock``."""
+        previous = set(self.shard_ids(epoch - 1)) if epoch > 0 else set()
+        fields = self.manifest_fields()
+        key = self._made_from()
+        made: list[list[Shard]] = []  # the shards it names, once built (not when it was there already)
+
+        def build() -> dict[str, Any]:
+            made.append(select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch))
+            return build_manifest(epoch, made[0], previous=previous, **fields)
+
+        raw = await asyncio.wrap_future(self.writer.seal(epoch, build, self.keep_last, self.kept_epochs))
+        if made:
+            rows = sum(s.rows for s in made[0])
+            log.info("epoch %d sealed: %d shards, %d samples", epoch, len(made[0]), rows,
+                     extra={"event": "epoch_sealed", "epoch": epoch, "rows": rows})
+        self._sealed_from = {epoch: key} if cap <= 0 else {}
+        self.on_new_epoch(epoch)
+        return raw
+
+    async def manifest(self, epoch: int, min_samples: int = 1, timeout: float = 30.0,
+                       max_samples: int | None = None) -> bytes:
+        """The sealed manifest of ``epoch``; seals it now if it is the next one."""
+        raw = self.catalog.manifest_bytes(epoch)
+        if raw is not None:
+            return raw
+        last = self.last_sealed()
+        if epoch > last + 1:
+            raise Conflict(f"epoch {epoch} cannot be sealed yet: the last sealed epoch is {last}, "
+                                  f"so the next one is {last + 1}")
+        if epoch <= last:
+            raise Gone(f"epoch {epoch} is no longer kept: the daemon keeps the last {self.keep_last} "
+                                  f"sealed epochs and those leased or mapped by a job (kept now: from "
+                                  f"{self.catalog.epochs()[0]} to {last}); start from a newer epoch")
+        await self._warm(epoch, min_samples, timeout)
+        async with self._lock:
+            raw = self.catalog.manifest_bytes(epoch)
+            if raw is not None:
+                return raw
+            if self.last_sealed() != epoch - 1:
+                raise Conflict(f"epoch {epoch} cannot be sealed: the last sealed epoch is {self.last_sealed()}")
+            return await self._seal(epoch, self.max_samples if max_samples is None else max_samples)
+
+    async def seal_new(self, min_samples: int = 1, timeout: float = 30.0, max_samples: int | None = None) -> int:
+        """A new epoch of the shards resident now, with this request's own cap and warm-up (for a job's new
+        epoch; never one sealed meanwhile for another request). The latest epoch is reused when sealing now
+        would give the same manifest: no shard came or went since, no cap, the same budget and policy, and
+        enough samples. Returns its number."""
+        cap = self.max_samples if max_samples is None else max_samples
+        await self._warm(self.last_sealed() + 1, min_samples, timeout)
+        async with self._lock:
+            last = self.last_sealed()
+            summary = self.catalog.summary(last)
+            if cap <= 0 and self._sealed_from.get(last) == self._made_from() \
+                    and int(summary.get("samples", 0)) >= max(1, min_samples):
+                self.on_new_epoch(last)  # a new job epoch starts on it: one more share of replacement
+                return last
+            await self._seal(last + 1, cap)
+            return last + 1

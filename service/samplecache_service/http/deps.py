@@ -1,0 +1,35 @@
+"""FastAPI dependencies shared by the routers: the daemon and the token check."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from samplecache_service.daemon import Daemon
+from samplecache_service.http.auth import authorized
+from samplecache_service.http.gate import UNAUTHORIZED
+
+# Declares the scheme in the OpenAPI; the check itself happens in the gate (``gate.py``) before the body is
+# read, and again here for an app served without the gate.
+BEARER = HTTPBearer(auto_error=False, description="The daemon's token (GET /v1/status names its file)")
+
+
+def get_daemon(request: Request) -> Daemon:
+    return request.app.state.daemon  # type: ignore[no-any-return]
+
+
+def require_token(request: Request,
+                  credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None) -> None:
+    """Endpoints that change state need ``Authorization: Bearer <token>`` unless ``--auth off``."""
+    token: str | None = request.app.state.token
+    if token is None:
+        return
+    header = request.headers.get("authorization")
+    if header is None or not authorized(header.encode("latin-1"), token.encode("utf-8")):
+        raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+
+
+DaemonDep = Annotated[Daemon, Depends(get_daemon)]
+TokenDep = Depends(require_token)

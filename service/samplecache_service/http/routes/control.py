@@ -1,0 +1,83 @@
+"""Inspecting and steering the cache: shards, samplers, runtime config."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import ByteSize, TypeAdapter, ValidationError
+
+from samplecache.format.constants import MAX_NUMBER
+from samplecache_service.config.redact import redact
+from samplecache_service.errors import Invalid
+from samplecache_service.http.deps import DaemonDep, TokenDep
+from samplecache_service.http.models import ConfigIn, ConfigOut, SamplerControl, ShardPage, problems
+
+router = APIRouter(tags=["control"])
+_SIZE = TypeAdapter(ByteSize)
+
+
+@router.get("/v1/shards", response_model=ShardPage, responses=problems(422))
+async def shards(d: DaemonDep, offset: Annotated[int, Query(ge=0, le=MAX_NUMBER)] = 0,
+                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+    """Resident shards, oldest first."""
+    all_shards = d.catalog.shards()
+    pinned = d.epochs.pinned_shards()
+    page = all_shards[offset:offset + limit]
+    return {"total": len(all_shards), "offset": offset, "limit": limit,
+            "shards": [{"id": s.id, "path": redact(s.path), "row_group": s.row_group, "row_groups": s.row_groups,
+                        "first_row": s.first_row, "rows": s.rows, "bytes": s.bytes,
+                        "created": s.created, "last_used_epoch": s.last_used_epoch, "pinned": s.id in pinned}
+                       for s in page]}
+
+
+def _control(d: Any) -> dict[str, Any]:
+    return {"paused": d.user_paused, "state": d.scheduler.state()}
+
+
+@router.post("/v1/samplers/pause", response_model=SamplerControl, responses=problems(401, 413),
+             dependencies=[TokenDep])
+async def pause(d: DaemonDep) -> Any:
+    await asyncio.wrap_future(d.set_paused(True))
+    return _control(d)
+
+
+@router.post("/v1/samplers/resume", response_model=SamplerControl, responses=problems(401, 413),
+             dependencies=[TokenDep])
+async def resume(d: DaemonDep) -> Any:
+    await asyncio.wrap_future(d.set_paused(False))
+    return _control(d)
+
+
+def _config(d: Any) -> dict[str, Any]:
+    return dict(d.runtime_config())
+
+
+def _size(name: str, v: int | str | None) -> int | None:
+    if v is None:
+        return None
+    try:
+        n = int(_SIZE.validate_python(v))
+    except ValidationError:
+        raise Invalid(f"{name}: not a size (e.g. 500GB, 2GiB, 1048576)") from None
+    if n < 0:
+        raise Invalid(f"{name} must not be negative")
+    return n
+
+
+@router.get("/v1/config", response_model=ConfigOut)
+async def get_config(d: DaemonDep) -> Any:
+    return _config(d)
+
+
+@router.patch("/v1/config", response_model=ConfigOut, responses=problems(400, 401, 409, 413, 422),
+              dependencies=[TokenDep])
+async def patch_config(d: DaemonDep, body: ConfigIn) -> Any:
+    """Change the budget, eviction policy, free-disk guard, epoch cap or pacing at runtime (until restart)."""
+    await asyncio.wrap_future(d.configure(  # errors.Invalid / Conflict: mapped to statuses in api.py
+        max_bytes=_size("max_bytes", body.max_bytes), policy=body.eviction_policy,
+        min_free_disk=_size("min_free_disk", body.min_free_disk), epoch_max_samples=body.epoch_max_samples,
+        pacing=body.pacing, replace_per_epoch=body.replace_per_epoch,
+        max_ingest_rate=_size("max_ingest_rate", body.max_ingest_rate)))
+    return _config(d)

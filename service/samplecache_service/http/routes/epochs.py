@@ -1,0 +1,86 @@
+"""Epoch manifests and the leases readers hold on them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response
+
+from samplecache.format.constants import MAX_NUMBER
+from samplecache_service.errors import Conflict, Gone, NotFound, NotReady
+from samplecache_service.http.deps import DaemonDep, TokenDep
+from samplecache_service.http.models import HeartbeatIn, LeaseIn, LeaseOut, problems
+
+router = APIRouter(tags=["epochs"])
+WRITES = problems(400, 401, 404, 409, 410, 413, 422)  # errors.ServiceError: mapped to statuses in api.py
+Epoch = Annotated[int, Path(ge=0, le=MAX_NUMBER, description="Epoch number, from 0")]
+LeaseId = Annotated[str, Path(min_length=1, max_length=64, pattern="^[0-9a-f]+$")]
+MANIFEST = {"description": "The sealed manifest", "content": {"application/json": {"schema": {"type": "object"}}}}
+
+
+@router.get("/v1/epochs/{epoch}", responses={200: MANIFEST, **problems(404, 409, 410, 422, 503)})
+async def get_epoch(d: DaemonDep, epoch: Epoch,
+                    min_samples: Annotated[int, Query(ge=0, le=MAX_NUMBER, description="Wait until the cache holds "
+                                                      "this many samples before sealing")] = 1,
+                    timeout: Annotated[float, Query(ge=0, le=3600,
+                                                    description="Longest wait for min_samples (s)")] = 30.0,
+                    max_samples: Annotated[int | None, Query(ge=0, le=MAX_NUMBER, description="Cap on this epoch's "
+                                                             "samples (default: --epoch-max-samples)")] = None,
+                    format: Annotated[Literal["json", "compact"],
+                                      Query(description="compact: the shard table packed as `shards_packed` "
+                                            "(what the client uses)")] = "json") -> Response:
+    """The manifest of ``epoch``. The first call seals it from the shards resident now."""
+    if d.schema is None and d.catalog.manifest_bytes(epoch) is None:
+        raise NotReady(f"the source is not discovered yet: {d.last_error or 'discovering'}", retry_after=2)
+    raw = await d.epochs.manifest(epoch, min_samples, timeout, max_samples)  # errors.ServiceError: see api.py
+    if format == "compact":
+        compact: bytes | None = await asyncio.to_thread(d.catalog.compact_manifest, epoch)
+        raw = compact or raw
+    return Response(raw, media_type="application/json")
+
+
+@router.post("/v1/epochs/{epoch}/leases", response_model=LeaseOut, status_code=201, responses=WRITES,
+             dependencies=[TokenDep])
+async def take_lease(d: DaemonDep, epoch: Epoch, body: LeaseIn | None = None) -> Any:
+    """Pin every shard of a sealed epoch until the lease is released or expires."""
+    if epoch not in d.catalog.epochs():
+        if epoch <= d.epochs.last_sealed():
+            raise Gone(f"epoch {epoch} is no longer kept (--epochs-kept): read a newer epoch")
+        raise NotFound(f"epoch {epoch} is not sealed: GET /v1/epochs/{epoch} first")
+    body = body or LeaseIn()
+    if body.job is not None and body.run is not None and body.job_epoch is not None:  # all three (LeaseIn checks)
+        job = d.jobs.job(body.job, body.run)  # 404 for an unknown job, 409 for a replaced run
+        if job.epochs.get(body.job_epoch) != epoch:
+            raise Conflict(f"job {body.job!r} epoch {body.job_epoch} does not read daemon epoch {epoch}: "
+                                     f"POST /v1/jobs/{body.job}/epochs/{body.job_epoch} says which it reads")
+    lease = d.leases.take(epoch, body.ttl, body.holder, body.job, body.run, body.job_epoch)
+    # Checked on the writer thread, after any eviction already under way: from here on the lease pins them.
+    missing = await asyncio.wrap_future(d.writer.submit(lambda txn: d.missing_shards(epoch)))
+    if missing:
+        d.leases.release(epoch, lease.id)
+        raise Gone(f"epoch {epoch} can no longer be read: {missing} of its shards were evicted "
+                                 f"(it had no live lease); read a newer epoch")
+    d.persist_leases()  # queued on the writer; the reader does not wait for the disk
+    return lease.to_json()
+
+
+@router.post("/v1/epochs/{epoch}/leases/{lease_id}/heartbeat", response_model=LeaseOut, responses=WRITES,
+             dependencies=[TokenDep])
+async def heartbeat(d: DaemonDep, epoch: Epoch, lease_id: LeaseId, body: HeartbeatIn | None = None) -> Any:
+    """Keep the lease alive; ``read`` reports the samples its reader has read."""
+    lease = d.leases.get(lease_id)
+    if lease is not None and lease.job is not None:
+        d.jobs.job(lease.job, lease.run)  # a replaced run is told so (409)
+    return d.leases.heartbeat(epoch, lease_id, (body or HeartbeatIn()).read).to_json()
+
+
+@router.delete("/v1/epochs/{epoch}/leases/{lease_id}", status_code=204, responses=WRITES, dependencies=[TokenDep])
+async def release(d: DaemonDep, epoch: Epoch, lease_id: LeaseId,
+                  read: Annotated[int | None, Query(ge=0, le=MAX_NUMBER,
+                                                    description="Samples its reader read")] = None) -> Response:
+    lease = d.leases.release(epoch, lease_id, read)
+    d.lease_ended(lease)
+    d.persist_leases()
+    return Response(status_code=204)

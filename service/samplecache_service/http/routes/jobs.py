@@ -1,0 +1,126 @@
+"""Jobs: each training run's own epochs on the shared daemon (see ``jobs.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from samplecache.format.constants import MAX_NUMBER
+from samplecache_service.daemon import Daemon
+from samplecache_service.epochs.jobs import NAME_PATTERN, RUN_PATTERN, Job
+from samplecache_service.errors import Conflict, Gone, NotFound, NotReady
+from samplecache_service.http.deps import DaemonDep, TokenDep
+from samplecache_service.http.models import JobEpochMap, JobIn, JobOut, problems
+
+router = APIRouter(tags=["jobs"])  # errors.ServiceError raised below: mapped to statuses in api.py
+Name = Annotated[str, Path(pattern=NAME_PATTERN, description="The job's name")]
+JobEpoch = Annotated[int, Path(ge=0, le=MAX_NUMBER, description="The job's epoch number, from 0")]
+EPOCHS_SHOWN = 20
+
+
+def job_out(d: Daemon, job: Job) -> dict[str, Any]:
+    leases = [l for l in d.leases.live() if l.job == job.name]
+    summaries = {str(e): v for e, v in d.catalog.summaries().items()}
+    epochs = []
+    for e in sorted(job.epochs)[-EPOCHS_SHOWN:]:
+        de = job.epochs[e]
+        mine = [l for l in leases if l.job_epoch == e]
+        epochs.append({"job_epoch": e, "daemon_epoch": de, "samples": summaries.get(str(de), {}).get("samples"),
+                       "samples_read": job.read.get(e, 0) + sum(l.read for l in mine), "leases": len(mine)})
+    state = "reading" if leases else ("expired" if job.expired else "idle")
+    return {"name": job.name, "state": state, "created_at": job.created_at, "last_seen": job.last_seen,
+            "last_heartbeat": max((l.expires_at - l.ttl for l in leases), default=None),
+            "start_epoch": job.start_epoch, "next_epoch": job.last_epoch() + 1, "runs": job.runs,
+            "samples_read": sum(job.read.values()) + sum(l.read for l in leases),
+            "leases": [{"epoch": l.epoch, "job_epoch": l.job_epoch, "holder": l.holder, "read": l.read,
+                        "expires_at": l.expires_at} for l in leases],
+            "epochs": epochs}
+
+
+@router.post("/v1/jobs", response_model=JobOut, responses=problems(400, 401, 404, 409, 413, 422),
+             dependencies=[TokenDep])
+async def attach(d: DaemonDep, body: JobIn) -> Any:
+    """Start a job, join it (another process of the same run) or take it over (a new run of the same name
+    continues its epoch sequence). ``resume``: the job must exist."""
+    job = d.jobs.attach(body.name, body.run, body.resume)
+    d.persist_leases()
+    return job_out(d, job)
+
+
+@router.get("/v1/jobs", response_model=list[JobOut])
+async def jobs(d: DaemonDep) -> Any:
+    """Every job the daemon knows, oldest first, with its latest epochs and live leases."""
+    return [job_out(d, j) for j in d.jobs.all()]
+
+
+@router.get("/v1/jobs/{name}", response_model=JobOut, responses=problems(404, 422))
+async def job(d: DaemonDep, name: Name) -> Any:
+    return job_out(d, d.jobs.job(name))
+
+
+def _replayable(d: Daemon, daemon_epoch: int) -> int:
+    """``daemon_epoch`` if it is sealed and every shard it names is still resident."""
+    if daemon_epoch not in d.catalog.epochs():
+        raise NotFound(f"daemon epoch {daemon_epoch} is not sealed (GET /v1/status lists the epochs)")
+    missing = d.missing_shards(daemon_epoch)
+    if missing:
+        raise Gone(f"daemon epoch {daemon_epoch} can no longer be read: {missing} of its shards were "
+                   f"evicted (it had no live lease); replay a newer epoch")
+    return daemon_epoch
+
+
+def _gone(d: Daemon, job: Job, job_epoch: int, daemon_epoch: int, missing: int) -> Gone:
+    nxt = job_epoch + 1
+    while nxt in job.epochs and d.missing_shards(job.epochs[nxt]):
+        nxt += 1
+    lease = d.leases.expired_for(job.name, job_epoch)
+    why = (f"its lease expired {time.time() - lease.expires_at:.0f} s ago and" if lease is not None
+           else "it had no live lease and")
+    return Gone(f"job {job.name!r} epoch {job_epoch} (daemon epoch {daemon_epoch}) can no longer be read: "
+                f"{why} {missing} of its shards were evicted since; continue at the job's next epoch: "
+                f"ds.set_epoch({nxt}) (samplecache.EpochGone has it as .next_epoch)", next_epoch=nxt)
+
+
+@router.post("/v1/jobs/{name}/epochs/{job_epoch}", response_model=JobEpochMap,
+             responses=problems(401, 404, 409, 410, 413, 422, 503),
+             dependencies=[TokenDep])
+async def map_epoch(d: DaemonDep, name: Name, job_epoch: JobEpoch,
+                    run: Annotated[str, Query(pattern=RUN_PATTERN, description="The job's run")],
+                    min_samples: Annotated[int, Query(ge=0, le=MAX_NUMBER, description="Wait until the cache holds "
+                                                      "this many samples before sealing")] = 1,
+                    timeout: Annotated[float, Query(ge=0, le=3600,
+                                                    description="Longest wait for min_samples (s)")] = 30.0,
+                    max_samples: Annotated[int | None, Query(ge=0, le=MAX_NUMBER, description="Cap on the epoch's "
+                                                             "samples (default: --epoch-max-samples)")] = None,
+                    daemon_epoch: Annotated[int | None,
+                                            Query(ge=0, le=MAX_NUMBER, description="Replay this sealed daemon epoch "
+                                                  "as the job's epoch (a snapshot)")] = None) -> Any:
+    """The daemon epoch that the job's epoch reads: the first request seals a new one from the shards resident
+    now (or maps the sealed ``daemon_epoch`` asked for); every later request of the job (any rank, worker or
+    host) gets the same. 410 when its shards were evicted (its leases ended), with ``next_epoch`` to go on at."""
+    d.jobs.job(name, run)  # 404 / 409 before waiting for the lock
+    async with d.jobs.lock(name):  # one mapping at a time per job: its ranks and workers ask at once
+        job = d.jobs.job(name, run)  # again: the job may have been taken over while this request waited
+        mapped = job.epochs.get(job_epoch)
+        if daemon_epoch is not None and mapped not in (None, daemon_epoch):
+            raise Conflict(f"job {name!r} epoch {job_epoch} already reads daemon epoch {mapped}, not "
+                           f"{daemon_epoch}: replay it as another job epoch")
+        if mapped is None:
+            if daemon_epoch is not None:
+                mapped = _replayable(d, daemon_epoch)
+            else:
+                if d.schema is None:
+                    raise NotReady(f"the source is not discovered yet: {d.last_error or 'discovering'}", retry_after=2)
+                mapped = await d.epochs.seal_new(min_samples, timeout, max_samples)
+                d.jobs.job(name, run)  # and after a long warm-up
+            d.jobs.map_epoch(name, job_epoch, mapped)
+            await asyncio.wrap_future(d.persist_leases())  # on disk before any process reads it
+        else:
+            missing = d.missing_shards(mapped)
+            if missing:
+                raise _gone(d, job, job_epoch, mapped, missing)
+    samples = d.catalog.summary(mapped).get("samples", 0)
+    return {"job": name, "job_epoch": job_epoch, "daemon_epoch": mapped, "samples": samples}

@@ -1,0 +1,51 @@
+"""Quarantined remote files: list them, release one (it is read again at once)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+from pydantic import BaseModel, Field
+
+from samplecache_service.http.deps import DaemonDep, TokenDep
+from samplecache_service.http.models import Problem
+
+router = APIRouter(tags=["quarantine"])
+ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (401, 404, 422)}
+
+
+class QuarantineEntry(BaseModel):
+    path: str = Field(description="The remote file, as the source lists it (credentials masked)")
+    reason: str = Field(description="Why it was quarantined, in words")
+    kind: str = Field(description="corrupt (pyarrow cannot parse its bytes) or schema (it does not fit the dataset)")
+    at: float | None = Field(None, description="When (Unix time)")
+    released: bool = Field(False, description="Released by hand: read again at the next turn")
+
+
+class QuarantineList(BaseModel):
+    total: int
+    by_kind: dict[str, int] = Field(description="Quarantined files per reason kind")
+    files: list[QuarantineEntry]
+
+
+@router.get("/v1/quarantine", response_model=QuarantineList)
+async def list_quarantine(d: DaemonDep) -> Any:
+    """Files left out of sampling because their bytes cannot be parsed or their schema does not fit. A file
+    leaves quarantine by itself when it changes (size, ETag or mtime)."""
+    files = d.quarantined()
+    kinds: dict[str, int] = {}
+    for f in files:
+        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+    return {"total": len(files), "by_kind": kinds, "files": files}
+
+
+@router.delete("/v1/quarantine/{file:path}", response_model=QuarantineEntry, responses=ERRORS,
+               dependencies=[TokenDep])
+async def release(d: DaemonDep,
+                  file: Annotated[str, Path(min_length=1, max_length=4096,
+                                            description="The path as GET /v1/quarantine lists it")]) -> Any:
+    """Take a file out of quarantine: it is read again now (and quarantined again if it is still bad)."""
+    await asyncio.wrap_future(d.release(file))  # errors.NotFound: mapped to 404 in api.py
+    got = [f for f in d.quarantined() if f["path"] == file]
+    return got[0] if got else {"path": file, "reason": "released", "kind": "released", "released": True}

@@ -1,0 +1,66 @@
+"""The status snapshot: what ``/v1/status`` (and ``samplecache status``) shows of a running daemon."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from samplecache.version import __version__
+from samplecache_service.http.auth import auth_status
+from samplecache_service.http.models import EpochSummary, Status
+
+EPOCHS_SHOWN = 20  # the latest epochs' summaries in /v1/status
+
+if TYPE_CHECKING:
+    from samplecache_service.daemon import Daemon
+
+
+def ingest_rate(d: "Daemon", window: float = 60.0) -> dict[str, float]:
+    now = time.time()
+    recent = [(t, r, b) for t, r, b in list(d.scheduler.ingests) if now - t <= window]
+    span = min(window, max(1e-9, now - d.started))
+    return {"samples_per_s": sum(r for _, r, _ in recent) / span,
+            "bytes_per_s": sum(b for _, _, b in recent) / span}
+
+
+def lmdb_usage(d: "Daemon") -> dict[str, int]:
+    """What the LMDB file really takes: its size on disk and the pages in use (freed pages are reused)."""
+    info, stat = d.env.info(), d.env.stat()
+    data = d.settings.lmdb_path / "data.mdb"
+    try:
+        size = data.stat().st_size
+    except OSError:  # the cache dir is gone (that shows in /healthz): the status still answers
+        size = 0
+    return {"file_bytes": size,
+            "used_bytes": (info["last_pgno"] + 1) * stat["psize"], "map_size": info["map_size"]}
+
+
+def status_of(d: "Daemon") -> Status:
+    summaries = d.catalog.summaries()
+    epochs = [EpochSummary(epoch=e, **summaries[e]) for e in sorted(summaries)[-EPOCHS_SHOWN:]]
+    quarantined = [{"path": q["path"], "reason": q["reason"], "at": q["at"]} for q in d.quarantined()]
+    eps = d.catalog.epochs()
+    pacer = d.traffic.pacer
+    return Status(
+        version=__version__, uptime_s=time.time() - d.started, source=d.source_shown,
+        cache_dir=str(d.settings.cache_dir.resolve()), bytes=d.catalog.resident_bytes,
+        max_bytes=d.max_bytes, samples=d.catalog.resident_rows, shards=d.catalog.shard_count(),
+        map_size=d.map_size, disk_free=d.disk.free_or_zero(),
+        epochs_sealed=len(eps), last_epoch=eps[-1] if eps else -1, epochs=epochs,
+        sampler={"state": d.scheduler.state(), "reason": d.paused_reason, "processes": d.supervisor.size,
+                 "in_flight": d.supervisor.pending(), "restarts": d.supervisor.restarts},
+        ingest={**ingest_rate(d), "commits": d.writer.commits},
+        remote={"bytes_read": d.traffic.total(), "bytes_since_last_epoch": d.traffic.since_seal(),
+                **d.traffic.amplification()},
+        pacing={"mode": pacer.mode, "replace_per_epoch": pacer.replace_per_epoch, "max_ingest_rate": pacer.max_rate,
+                "allowance_bytes": int(pacer.allowance), "reason": pacer.reason},
+        remote_errors=d.remote_errors, last_error=d.last_error, quarantined=quarantined,
+        skipped_columns=d.discovery.skipped if d.discovery else {},
+        coverage=d.scheduler.coverage(), settings={**d.settings.public(), **d.runtime_config()},
+        config=d.config_state or {}, auth=auth_status(d.settings),
+        evictions=d.evicted_shards, eviction_policy=d.policy,
+        leases=[{k: v for k, v in l.to_json().items() if k != "run"} for l in d.leases.live()],
+        health={"problems": d.health.problems(), "threads": d.health.snapshot(),
+                "unit_failures": dict(d.scheduler.unit_failures), "units_given_up": d.scheduler.units_given_up,
+                "failed_events": d.scheduler.inbox.failed_events},
+        jobs=d.jobs.active(), pinned_epochs=sorted(d.epochs.pinned_epochs()), lmdb=lmdb_usage(d))

@@ -1,0 +1,182 @@
+"""Discovery: list the source, read new files' footers, unify their schemas, plan their units, quarantine bad ones."""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from samplecache.format.record import Schema
+from samplecache_service.remote.columns import UnsupportedColumn, infer_schema
+from samplecache_service.remote.planner import plan_units
+from samplecache_service.remote.schemas import (
+    SchemaConflict,
+    check_fits,
+    from_text,
+    load_schema_file,
+    normalize,
+    to_text,
+    unify,
+)
+from samplecache_service.remote.stores import RemoteError, RemoteStore, classify_error
+from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.writer import Writer
+
+log = logging.getLogger("samplecache.discovery")
+
+FOOTER_THREADS = 8
+
+
+class Discovery:
+    def __init__(self, remote: RemoteStore, catalog: Catalog, writer: Writer, columns: list[str] | None,
+                 unit_bytes: int = 64 << 20, schema_file: Path | None = None) -> None:
+        self.remote, self.catalog, self.writer, self.columns = remote, catalog, writer, columns
+        self.unit_bytes = unit_bytes
+        raw = catalog.meta("schema")
+        self.schema: Schema | None = Schema.from_json(raw) if raw else None
+        self.skipped: dict[str, str] = catalog.meta("skipped_columns", {}) or {}
+        text = catalog.meta("arrow_schema_ipc")
+        self.target: pa.Schema | None = from_text(text) if text else None  # the dataset's Arrow schema
+        self._target_text: tuple[pa.Schema, str] | None = None
+        self.pinned = load_schema_file(schema_file) if schema_file else None
+        if self.pinned is not None:
+            lacking = [c for c in columns or () if c not in self.pinned.names]
+            if lacking:
+                raise SchemaConflict(f"--schema-file {schema_file} has no column {lacking}; it has "
+                                     f"{self.pinned.names}")
+            self.pinned = normalize(self.pinned, columns)
+            if self.target is not None and not self.target.equals(self.pinned):
+                raise SchemaConflict(f"--schema-file {schema_file} differs from the schema this cache dir was "
+                                     f"built with; use a new --cache-dir")
+
+    def target_text(self) -> str | None:
+        """The dataset's Arrow schema as the sampling tasks carry it (serialized once per schema)."""
+        if self.target is None:
+            return None
+        if self._target_text is None or self._target_text[0] is not self.target:
+            self._target_text = (self.target, to_text(self.target))
+        return self._target_text[1]
+
+    def run(self) -> list[str]:
+        """List the source; record the new files (units or quarantine), and look again at quarantined files that
+        changed (size/ETag/mtime) or were released by hand. Returns the paths whose units are new."""
+        paths = self.remote.list_files()
+        sigs: dict[str, str] = getattr(self.remote, "signatures", {}) or {}
+        # before the dataset has a schema, every file is looked at again (a failed start decided nothing)
+        known = self.catalog.files() if self.schema is not None else {}
+        new = [p for p in paths if p not in known]
+        # known files looked at again: a quarantined one released by hand, and any one that changed (replaced in
+        # place: its footer, size and units are read anew, so that no sampler reads it at its old size)
+        again = [p for p in paths if p in known and (known[p].get("quarantined") and known[p].get("recheck") or (
+            sigs.get(p) and known[p].get("signature") not in (None, sigs.get(p))))]
+        if not new and not again:
+            return []
+        seq = 1 + max((int(i.get("seq", 0)) for i in known.values()), default=0)
+        with ThreadPoolExecutor(FOOTER_THREADS) as pool:
+            footers = [f for f in pool.map(self._footer, sorted(new + again)) if f is not None]
+        found = self._check_schemas(footers)
+        fresh: list[str] = []
+        for path, info in found.items():
+            info["signature"] = sigs.get(path)
+            old = known.get(path)
+            if old is None:
+                info["seq"] = seq
+                fresh.append(path)
+            elif info.get("quarantined") and old.get("quarantined"):
+                log.warning("%s is still unreadable after it changed or was released: %s", path, info["reason"],
+                            extra={"event": "quarantine_kept", "path": path, "error_class": info.get("kind")})
+                info = found[path] = dict(old, reason=info["reason"], at=info["at"], signature=sigs.get(path))
+                info.pop("recheck", None)
+            else:
+                info["seq"] = old.get("seq", seq)
+                if not old.get("row_groups") or old.get("units") not in (None, info.get("units")):
+                    fresh.append(path)  # new units; any old ones are skipped as stale (planner.unit_current)
+                if old.get("quarantined"):
+                    log.info("%s leaves quarantine (%s)", path, "released" if old.get("recheck") else "it changed",
+                             extra={"event": "quarantine_left", "path": path})
+                elif not info.get("quarantined"):
+                    log.info("%s changed (%s bytes, now %s): its footer was read again", path, old.get("size"),
+                             info.get("size"), extra={"event": "file_changed", "path": path})
+        self.writer.put_files(found).result()
+        if self.schema is None:
+            reasons = sorted({i["reason"] for i in found.values() if i.get("quarantined")})
+            raise RemoteError(f"no readable Parquet file under source {self.remote.url!r}"
+                              + (": " + "; ".join(reasons[:3]) if reasons else ""))
+        if new:
+            log.info("source %s: %d new file(s)", self.remote.url, len(new),
+                     extra={"event": "files_discovered", "path": self.remote.url})
+        return sorted(p for p in fresh if not found[p].get("quarantined") or p in new)
+
+    def _footer(self, path: str) -> tuple[str, dict[str, Any], pa.Schema | None] | None:
+        """The file's units and schema; quarantined only when its footer bytes cannot be parsed; None (look
+        again at the next listing) when reading it failed for any other cause."""
+        try:
+            info, schema = self.remote.file_info(path)
+            units = plan_units(info.row_groups, info.row_group_bytes, self.unit_bytes)
+            return path, {"row_groups": list(info.row_groups), "row_group_bytes": list(info.row_group_bytes),
+                          "units": units, "size": info.size, "footer": info.footer}, schema
+        except Exception as e:
+            kind = classify_error(e)
+            if kind == "unreachable":
+                raise
+            if kind != "corrupt":
+                log.warning("cannot read the footer of %s (%s: %s); trying again at the next listing",
+                            path, type(e).__name__, e,
+                            extra={"event": "footer_unreadable", "path": path, "error_class": kind})
+                return None
+            log.warning("quarantined %s: unreadable footer: %s: %s", path, type(e).__name__, e,
+                        extra={"event": "file_quarantined", "path": path, "error_class": "corrupt"})
+            return path, quarantined(f"unreadable footer: {type(e).__name__}: {e}", kind="corrupt"), None
+
+    def _check_schemas(self, footers: list[tuple[str, dict[str, Any], pa.Schema | None]]) -> dict[str, dict[str, Any]]:
+        """Each file checked against the dataset's schema (unified from these files while there is none)."""
+        found: dict[str, dict[str, Any]] = {}
+        fixed = self.target if self.target is not None else self.pinned
+        target = fixed
+        names: dict[str, None] = {}  # the files' own columns (normalize keeps only the wanted ones), for errors
+        fitting = 0  # files that fit: a pinned schema that no file fits is not adopted (the start fails)
+        for path, info, schema in footers:
+            found[path] = info
+            if schema is None:
+                continue
+            names.update(dict.fromkeys(schema.names))
+            norm = normalize(schema, self.columns)
+            try:
+                if fixed is not None:
+                    check_fits(fixed, norm, "the cache's schema" if self.target is not None else "--schema-file")
+                else:
+                    target = unify(target, norm)
+                fitting += 1
+            except SchemaConflict as e:
+                found[path] = quarantined(f"schema: {e}", info, kind="schema")
+                log.warning("quarantined %s: %s", path, e,
+                            extra={"event": "file_quarantined", "path": path, "error_class": "schema"})
+        if self.target is None and target is not None and fitting:
+            try:
+                schema, skipped = infer_schema(target, self.columns, list(names))
+            except UnsupportedColumn as e:
+                raise RemoteError(f"source {self.remote.url!r}: {e}") from None
+            self.writer.put_meta({"schema": schema.to_json(), "skipped_columns": skipped,
+                                  "arrow_schema": str(target), "arrow_schema_ipc": to_text(target)}).result()
+            self.schema, self.skipped, self.target = schema, skipped, target
+            for name, why in skipped.items():
+                log.warning("column %r is left out: %s", name, why, extra={"event": "column_skipped"})
+        return found
+
+
+def quarantined(reason: str, info: dict[str, Any] | None = None, kind: str = "corrupt") -> dict[str, Any]:
+    """File info marking a file as quarantined: its units are skipped until the file changes (size, ETag or
+    mtime) or it is released (``DELETE /v1/quarantine/{file}``). ``kind``: corrupt | schema."""
+    out = dict(info or {"row_groups": []})
+    out.pop("recheck", None)
+    out.update(quarantined=True, reason=reason, kind=kind, at=time.time())
+    return out
+
+
+def released(info: dict[str, Any]) -> dict[str, Any]:
+    """File info of a quarantined file released by hand: read again at the next listing."""
+    return dict(info, recheck=True)

@@ -1,0 +1,434 @@
+"""The scheduler: the one owner of the daemon's sampling state.
+
+One thread runs it. Everything that changes sampling state happens on that thread: sampler results (from the
+supervisor's thread) and ingest completions (from the writer's thread) arrive as events in its inbox, and
+HTTP control requests run through ``call`` and wait for their answer. Nothing else writes these fields.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import random
+import time
+import zlib
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol, TypeVar
+
+import lmdb
+
+from samplecache_service.config.settings import Settings
+from samplecache_service.remote.discovery import Discovery, quarantined
+from samplecache_service.remote.planner import Pick, Planner, Unit, build_units, unit_current
+from samplecache_service.remote.stores import RemoteError, classify_error
+from samplecache_service.sampling.inbox import Inbox
+from samplecache_service.sampling.sampler import SampleResult, SampleTask
+from samplecache_service.sampling.traffic import Traffic
+from samplecache_service.store.budget import Budget
+from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.disk import DiskSpace, out_of_space
+from samplecache_service.store.eviction import EvictionPlan
+from samplecache_service.store.staging import drop_failed
+from samplecache_service.store.writer import DamagedShard, NoRoom, Writer
+
+
+class Samplers(Protocol):
+    """What the scheduler asks of the sampler processes (``supervisor.Supervisor``)."""
+
+    size: int
+
+    def submit(self, task: SampleTask) -> None: ...
+
+    def pending(self) -> int: ...
+
+log = logging.getLogger("samplecache.daemon")
+
+MAX_UNIT_ATTEMPTS = 8     # failures in a row before a unit is given up for this pass (tried again next pass)
+CORRUPT_CONFIRMATIONS = 2  # unparsable bytes twice in a row (a fresh read each time) before a file is quarantined
+MAX_UNIT_BACKOFF = 300.0   # s: the longest wait before a failing unit is tried again
+T = TypeVar("T")
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, catalog: Catalog, writer: Writer, disk: DiskSpace, traffic: Traffic,
+                 supervisor: Samplers, budget: Budget, discovery: Discovery | None, *,
+                 pinned_epochs: Callable[[], Iterable[int]], make_room: Callable[[int], EvictionPlan],
+                 expire_leases: Callable[[], None], die: Callable[[str], None], source_shown: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``pinned_epochs``, ``make_room``, ``expire_leases``: the epochs' pins, the eviction plan for a shard
+        on its way in, and the lease expiry run each turn; ``die``: stop the daemon (LMDB cannot go on)."""
+        self.settings, self.catalog, self.writer, self.disk, self.traffic = settings, catalog, writer, disk, traffic
+        self.supervisor, self.budget, self.discovery = supervisor, budget, discovery
+        self.pinned_epochs, self.make_room, self.expire_leases, self.die = pinned_epochs, make_room, expire_leases, die
+        self.source_shown, self.clock = source_shown, clock
+        self.planner: Planner | None = None
+        self.paused_reason: str | None = None
+        self.user_paused = False
+        self.complete = False  # every readable remote unit is resident: nothing new to sample
+        self.disk_full: str | None = None
+        self.last_error: str | None = None
+        self.remote_errors = 0
+        self.evicted_shards = 0
+        self.unit_failures: collections.Counter[str] = collections.Counter()  # by kind: unreachable | transient | ...
+        self.quarantined_units = 0  # this node's units in quarantined files (or stale: their file was re-planned)
+        self.units_given_up = 0  # units that failed MAX_UNIT_ATTEMPTS times in a row (retried the next pass)
+        self.given_up: set[tuple[str, int]] = set()  # those not sampled since: coverage leaves them out
+        self._skips = 0
+        self._files_seen = -1
+        self._attempts: dict[tuple[str, int], int] = collections.defaultdict(int)  # failures in a row per unit
+        self._corrupt: dict[tuple[str, int], int] = collections.defaultdict(int)  # unparsable reads in a row per unit
+        self._deferred: list[tuple[float, Pick]] = []  # units waiting out their backoff
+        self._backoff_until = self._held_retry_at = self._next_discovery = 0.0
+        self._retrying = 0  # held results re-submitted and not answered yet
+        self._ingesting = 0  # bytes of shards sampled and on their way to the writer
+        self._held: collections.deque[SampleResult] = collections.deque()  # staged, waiting for room
+        self.ingests: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=4096)
+        self.inbox = Inbox()  # results, ingest completions and control requests, run on this thread
+
+    def schema(self) -> Any:
+        return self.discovery.schema if self.discovery else None
+
+    def state(self) -> str:
+        """discovering | remote error | paused | sampling"""
+        if self.planner is None:
+            return "discovering" if self.last_error is None else "remote error"
+        return "paused" if self.paused_reason else "sampling"
+
+    def coverage(self) -> dict[str, Any] | None:
+        """The planner's coverage, where units of quarantined files, and units given up after failing again and
+        again this pass, never count as sampled (``units_left_out``)."""
+        if self.planner is None:
+            return None
+        files = self.catalog.files()
+        given_up = set(self.given_up)
+        return self.planner.coverage(lambda u: bool(files.get(u.path, {}).get("quarantined"))
+                                     or (u.path, u.row_group) in given_up,
+                                     hash((self.catalog.files_version, frozenset(given_up))))
+
+    def post(self, event: Callable[[], None]) -> None:
+        self.inbox.post(event)
+
+    def call(self, fn: Callable[[], T]) -> "Future[T]":
+        return self.inbox.call(fn)
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def step(self) -> None:
+        """One turn of the loop (run supervised by ``Health.run_loop``)."""
+        self.inbox.drain(0.05)
+        if self.clock() >= self._next_discovery:
+            self.discover()
+        if self.planner is not None and self.schema() is not None:
+            self.expire_leases()
+            self._retry_held()
+            self._release_deferred()
+            self._fill()
+
+    def discover(self) -> None:
+        discovery = self.discovery
+        assert discovery is not None
+        try:
+            new = discovery.run()
+            self.last_error = None if self.planner is not None or self.schema() else self.last_error
+            files = self.catalog.files()
+            if self.planner is None and self.schema() is not None:
+                units = build_units(files)
+                self.planner = Planner(units, seed=self.settings.seed, node_rank=self.settings.node_rank,
+                                       num_nodes=self.settings.num_nodes, cursor=self.catalog.meta("cursor"))
+                log.info("source %s: %d files, %d row groups in %d units (%d units on this node)",
+                         self.source_shown, len(files), sum(u.row_groups for u in units), len(units),
+                         len(self.planner),
+                         extra={"event": "source_planned", "path": self.source_shown})
+                self.last_error = None
+            elif new and self.planner is not None:
+                self.planner.add_units(build_units({p: files[p] for p in new}))
+            self.complete = self.complete and not new
+            self._files_seen = -1
+            self._next_discovery = self.clock() + self.settings.discover_interval
+        except Exception as e:  # remote down or bad: report, retry
+            self.last_error = str(e) if isinstance(e, RemoteError) else f"{type(e).__name__}: {e}"
+            self.remote_errors += 1
+            log.warning("remote: %s (retrying in %.0fs)", self.last_error, self.settings.retry_seconds,
+                        extra={"event": "discovery_failed", "error_class": classify_error(e)})
+            self._next_discovery = self.clock() + self.settings.retry_seconds
+
+    def discover_soon(self) -> None:
+        self._next_discovery = 0.0
+
+    # -- deciding ---------------------------------------------------------------------------------------
+    def _why_not_sample(self) -> str | None:
+        assert self.planner is not None
+        if self.complete and self.catalog.resident_units() + self.quarantined_units < len(self.planner):
+            self.complete, self._skips = False, 0
+        if self.user_paused:
+            return "paused by request"
+        if self.disk_full:
+            free = self.disk.free()
+            if free < self.budget.min_free_disk or self.clock() < self._backoff_until:
+                return self.disk_full
+            self.disk_full = None
+            log.info("disk space is back (%d bytes free for shards): sampling resumes", free,
+                     extra={"event": "disk_space_back"})
+        if self._held or self._retrying:
+            pinned = sorted(self.pinned_epochs())
+            waiting = len(self._held) + self._retrying
+            need = min((r.bytes for r in list(self._held)), default=0)
+            room = (f"every evictable shard is pinned by leases on epochs {pinned}" if pinned else
+                    "nothing is pinned, yet the shard does not fit")
+            return (f"budget full: {room}; {waiting} shard(s) wait (the smallest {need} bytes; budget "
+                    f"{self.budget.max_bytes}, resident {self.catalog.resident_bytes} bytes)")
+        if self.complete:
+            if self.quarantined_units:
+                return (f"every readable unit is cached; {self.quarantined_units} unit(s) of quarantined files "
+                        f"are left out (GET /v1/quarantine)")
+            return "the whole remote dataset is cached"
+        if self.clock() < self._backoff_until:
+            return "remote unreachable: backing off"
+        free = self.disk.free()
+        if free < self.budget.min_free_disk:
+            return f"disk almost full: {free} bytes free < min_free_disk {self.budget.min_free_disk}"
+        staging = self.supervisor.size * self.settings.part_bytes
+        if self.budget.min_free_disk and self.disk.fs_free < staging:  # --min-free-disk 0: no guard at all
+            return (f"disk almost full: {self.disk.fs_free} bytes free on the filesystem, less than the staging "
+                    f"files of {self.supervisor.size} sampler(s) need ({staging}); LMDB's free pages do not hold them")
+        return None
+
+    def _settled(self, unit: Unit) -> bool:
+        """Nothing to sample for ``unit``: resident from an earlier pass, its file quarantined or re-planned."""
+        info = self.catalog.file(unit.path)
+        return bool(self.catalog.unit_resident(unit.path, unit.row_group) or info.get("quarantined")
+                    or not unit_current(unit, info))
+
+    def _fill(self) -> None:
+        assert self.planner is not None
+        catalog = self.catalog
+        if self._files_seen != catalog.files_version:
+            self._files_seen = catalog.files_version
+            self.quarantined_units = sum(1 for u in self.planner.units if catalog.file(u.path).get("quarantined")
+                                         or not unit_current(u, catalog.file(u.path)))
+        self.paused_reason = self._why_not_sample()
+        if self.paused_reason is not None:
+            return
+        supervisor = self.supervisor
+        while supervisor.pending() < 2 * supervisor.size:
+            pick = self.planner.next()
+            if pick is None:
+                if self._deferred and not supervisor.pending():
+                    self.paused_reason = (f"waiting to retry {len(self._deferred)} unit(s) after failures (backoff; "
+                                          f"last error: {self.last_error})")
+                return
+            if self._settled(pick.unit):
+                self.planner.done(pick.cycle, pick.position)
+                self._skips += 1
+                if self._skips >= len(self.planner):
+                    self.complete = True
+                    return
+                continue
+            self._skips = 0
+            if not self._paced_submit(pick):
+                self.planner.retry(pick)  # handed out again when the pace allows
+                return
+
+    def _paced_submit(self, pick: Pick) -> bool:
+        """Send ``pick`` to a sampler if the pace allows it (else say why in ``paused_reason``)."""
+        info = self.catalog.file(pick.unit.path)
+        sizes = info.get("row_group_bytes") or []
+        size = int(sizes[pick.unit.row_group]) if pick.unit.row_group < len(sizes) else 0
+        committed = self.catalog.resident_bytes + self._ingesting + self.traffic.out_bytes() + \
+            sum(r.bytes for r in list(self._held))
+        # the unit's identity in the key: after a cursor reset the same cycle and position may name another unit
+        ident = zlib.crc32(f"{pick.unit.path}\0{pick.unit.row_group}".encode())
+        key = f"c{pick.cycle}-u{pick.position}-{ident:08x}"
+        self.paused_reason = self.traffic.admit(key, size, committed, self.budget.max_bytes)
+        if self.paused_reason is not None:
+            return False
+        schema = self.schema()
+        assert schema is not None
+        self.supervisor.submit(SampleTask(
+            key=key, source=self.settings.source, storage_options=dict(self.settings.storage_options),
+            path=pick.unit.path, row_group=pick.unit.row_group, schema=schema.to_json(),
+            staging_dir=str(self.settings.staging_dir), block_bytes=int(self.settings.block_bytes),
+            unit=pick.position, cycle=pick.cycle, row_groups=pick.unit.row_groups,
+            part_bytes=self.settings.part_bytes, arrow_schema=self.discovery.target_text() if self.discovery else None,
+            file_size=int(info.get("size") or 0), footer_bytes=int(info.get("footer") or 0)))
+        return True
+
+    def _finish(self, pick: Pick) -> None:
+        """Mark a unit done without a shard (its file is quarantined)."""
+        assert self.planner is not None
+        cursor = self.planner.cursor_after(pick.cycle, pick.position)
+        self.planner.done(pick.cycle, pick.position)
+        self.writer.put_meta({"cursor": cursor})
+
+    def _defer(self, pick: Pick, unit_key: tuple[str, int], first: float | None = None) -> float:
+        """Try ``pick`` again after an exponential backoff with jitter; returns the delay."""
+        n = self._attempts[unit_key]
+        base = self.settings.retry_seconds if first is None else first
+        delay = float(min(MAX_UNIT_BACKOFF, base * 2 ** max(0, n - 1))) * random.uniform(0.75, 1.25)
+        self._deferred.append((self.clock() + delay, pick))
+        return delay
+
+    def _give_up(self, pick: Pick, unit_key: tuple[str, int], kind: str) -> None:
+        """Stop retrying a unit for this pass (the next pass tries it again): one unit that always fails must
+        not hold up the cycle. Its file is not quarantined: nothing says its bytes are bad."""
+        self._attempts.pop(unit_key, None)
+        self.units_given_up += 1
+        self.given_up.add(unit_key)
+        log.error("giving up on %s row group %d for this pass after %d failed attempts (the next pass tries it "
+                  "again): %s", unit_key[0], unit_key[1], MAX_UNIT_ATTEMPTS, self.last_error,
+                  extra={"event": "unit_given_up", "path": unit_key[0], "unit": unit_key[1], "error_class": kind})
+        self._finish(pick)
+
+    def _release_deferred(self) -> None:
+        if not self._deferred or self.planner is None:
+            return
+        now = self.clock()
+        due = [p for t, p in self._deferred if t <= now]
+        self._deferred = [(t, p) for t, p in self._deferred if t > now]
+        for pick in due:
+            self.planner.retry(pick)
+
+    # -- results (events from the supervisor's thread) ---------------------------------------------------
+    def on_result(self, r: SampleResult) -> None:
+        """Called on the supervisor's thread: handled on ours."""
+        self.post(lambda: self._result(r))
+
+    def _result(self, r: SampleResult) -> None:
+        self.traffic.returned(r)
+        t = r.task
+        if r.ok:
+            self._attempts.pop((t.path, t.row_group), None)
+            self._corrupt.pop((t.path, t.row_group), None)
+            self.given_up.discard((t.path, t.row_group))
+            parts = r.parts or ([(r.staged, r.bytes)] if r.staged else [])
+            for k, (staged, size) in enumerate(parts):
+                self._ingest(dataclasses.replace(r, staged=staged, bytes=size, parts=[],
+                                                 extra={"final": k == len(parts) - 1}))
+            if not parts:
+                self._finish(Pick(t.cycle, t.unit, None))  # type: ignore[arg-type]
+            return
+        pick = Pick(t.cycle, t.unit, None)  # type: ignore[arg-type]
+        kind = r.error_kind or "transient"
+        self.remote_errors += 1
+        self.unit_failures[kind] += 1
+        self.last_error = f"{t.path} row group {t.row_group}: {r.error}"
+        failed = {"event": "sample_failed", "path": t.path, "unit": t.row_group, "error_class": kind}
+        assert self.planner is not None
+        if kind == "schema":
+            self.quarantine(t.path, r.error or "does not fit the dataset's schema", kind="schema")
+            self._finish(pick)
+            return
+        if kind == "disk":
+            self._disk_full(r.error or "no space left", "while staging a shard")
+            self.planner.retry(pick)
+            return
+        if kind == "unreachable":
+            log.warning("sampling failed (remote unreachable): %s", self.last_error, extra=failed)
+            self._backoff_until = self.clock() + self.settings.retry_seconds
+            self.planner.retry(pick)
+            return
+        if kind == "changed":  # replaced since it was listed: list it again now; the unit is retried as transient
+            self.discover_soon()
+        unit_key = (t.path, t.row_group)
+        self._attempts[unit_key] += 1
+        if kind == "corrupt":
+            self._corrupt[unit_key] += 1
+            if self._corrupt[unit_key] >= CORRUPT_CONFIRMATIONS:
+                self._corrupt.pop(unit_key, None)
+                self._attempts.pop(unit_key, None)
+                self.quarantine(t.path, r.error or "unparsable", kind="corrupt")
+                self._finish(pick)
+                return
+            delay = self._defer(pick, unit_key, first=1.0)  # confirm with a fresh read soon
+            log.warning("sampling failed (unparsable bytes; read again in %.1fs to confirm): %s", delay,
+                        self.last_error, extra=failed)
+            return
+        self._corrupt.pop(unit_key, None)
+        if self._attempts[unit_key] >= MAX_UNIT_ATTEMPTS:
+            self._give_up(pick, unit_key, kind)
+            return
+        delay = self._defer(pick, unit_key)
+        log.warning("sampling failed (%s, attempt %d; again in %.1fs): %s", kind, self._attempts[unit_key],
+                    delay, self.last_error, extra=failed)
+
+    def _ingest(self, r: SampleResult, retry: bool = False) -> None:
+        assert self.planner is not None and r.staged is not None
+        self._ingesting += r.bytes
+        fut = self.writer.ingest(Path(r.staged), cursor=self.planner.cursor_after, make_room=self.make_room)
+        fut.add_done_callback(lambda f: self.post(lambda: self._ingested(f, r, retry)))
+
+    def _retry_held(self) -> None:
+        if not self._held or self.clock() < self._held_retry_at or (
+                self.disk_full and self.clock() < self._backoff_until):
+            return
+        self._held_retry_at = self.clock() + 0.5
+        for _ in range(len(self._held)):
+            self._retrying += 1
+            self._ingest(self._held.popleft(), retry=True)
+
+    def _ingested(self, fut: "Future[Any]", r: SampleResult, retry: bool = False) -> None:
+        assert self.planner is not None
+        exc = fut.exception()
+        self._ingesting -= r.bytes
+        if retry:
+            self._retrying -= 1
+        if isinstance(exc, NoRoom):
+            self._held.append(r)  # backpressure: wait for a lease to end; the budget is never exceeded
+            return
+        if isinstance(exc, lmdb.PanicError):
+            self.die(f"the LMDB environment cannot go on: {type(exc).__name__}: {exc}")
+            return
+        if out_of_space(exc):
+            self._disk_full(f"{type(exc).__name__}: {exc}", "while ingesting")
+            self._held.append(r)  # the shard waits for room
+            return
+        if exc is not None:
+            self.last_error = f"ingest failed: {type(exc).__name__}: {exc}"
+            log.error("%s", self.last_error, extra={"event": "ingest_failed", "path": r.task.path,
+                                                    "unit": r.task.row_group})
+            if r.staged:  # the unit is sampled again
+                drop_failed(Path(r.staged), damaged=isinstance(exc, DamagedShard))
+            unit_key = (r.task.path, r.task.row_group)
+            self._attempts[unit_key] += 1
+            self._defer(Pick(r.task.cycle, r.task.unit, None), unit_key)  # type: ignore[arg-type]
+            return
+        if r.extra.get("final", True):
+            self.planner.done(r.task.cycle, r.task.unit)
+        done = fut.result()
+        self.evicted_shards += len(done.evicted)
+        if done.shard is not None:
+            self.ingests.append((time.time(), done.shard.rows, done.shard.bytes))
+            s = done.shard
+            log.info("shard %d ingested: %d rows, %d bytes from %s row group %d (%d evicted for room)", s.id, s.rows,
+                     s.bytes, s.path, s.row_group, len(done.evicted), extra={"event": "shard_ingested", "shard": s.id,
+                     "rows": s.rows, "bytes": s.bytes, "path": s.path, "unit": s.row_group})
+
+    def _disk_full(self, error: str, where: str) -> None:
+        self.disk_full = f"disk full {where}: {error} (sampling resumes once min_free_disk is free again)"
+        self._backoff_until = self.clock() + self.settings.retry_seconds
+        self.last_error = self.disk_full
+        log.error("%s", self.disk_full, extra={"event": "disk_full"})
+
+    def quarantine(self, path: str, reason: str, kind: str = "corrupt") -> None:
+        if self.catalog.file(path).get("quarantined"):
+            return
+        self.writer.put_files({path: quarantined(reason, self.catalog.file(path), kind=kind)})
+        log.warning("quarantined %s: %s", path, reason,
+                    extra={"event": "file_quarantined", "path": path, "error_class": kind})
+
+    # -- control (run through ``call``) -------------------------------------------------------------------
+    def set_paused(self, paused: bool) -> None:
+        self.user_paused = paused
+        self.refresh_reason()
+
+    def refresh_reason(self) -> None:
+        if self.planner is not None:
+            self.paused_reason = self._why_not_sample()
+
+    def count_evicted(self, fut: "Future[Any]") -> None:
+        """An eviction future's callback (any thread): counted on ours."""
+        def event() -> None:
+            if fut.exception() is None:
+                self.evicted_shards += len(fut.result())
+        self.post(event)

@@ -1,0 +1,255 @@
+"""The catalog: what the cache holds. LMDB named databases + an in-memory mirror.
+
+Layout of the LMDB environment (``<cache-dir>/lmdb``):
+
+* ``records``: record_key(shard id, block) -> encoded block (samplecache.format.record)
+* ``shards``:  shard id (8 bytes BE) -> shard JSON
+* ``epochs``:  epoch (8 bytes BE) -> sealed manifest JSON
+* ``files``:   remote path -> file JSON (row groups, quarantine)
+* ``meta``:    b"format", b"source", b"schema", b"cursor", b"next_shard"
+
+Only ``writer.py`` writes; this module reads the environment once at start and
+keeps the mirror that the writer updates after each commit.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import lmdb
+
+from samplecache.format.manifest import compact
+
+DBS = (b"records", b"shards", b"epochs", b"files", b"meta")
+MANIFEST_CACHE = 8
+
+
+SUMMARY_PREFIX = "summary/"  # meta key of one epoch's summary: summary/<epoch>
+
+
+def u64(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
+@dataclass
+class Shard:
+    id: int
+    key: str
+    path: str
+    row_group: int
+    unit: int
+    cycle: int
+    rows: int
+    bytes: int
+    rows_per_block: int
+    blocks: int
+    created: float
+    last_used_epoch: int = -1
+    row_groups: int = 1   # consecutive row groups of the unit, from ``row_group``
+    first_row: int = -1   # the shard's first row in its file (-1: not recorded)
+
+    def to_json(self) -> builtins.bytes:  # ``bytes`` is a field of this class
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: builtins.bytes) -> "Shard":
+        return cls(**json.loads(raw))
+
+
+@dataclass
+class CatalogState:
+    shards: "OrderedDict[int, Shard]" = field(default_factory=OrderedDict)
+    keys: set[str] = field(default_factory=set)
+    epochs: list[int] = field(default_factory=list)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Catalog:
+    """Thread-safe mirror of the shard table, epochs, files and meta."""
+
+    def __init__(self, env: lmdb.Environment, dbs: dict[bytes, Any]) -> None:
+        self.env = env
+        self.dbs = dbs
+        self._lock = threading.RLock()
+        self._state = CatalogState()
+        self._manifests: "OrderedDict[int, bytes]" = OrderedDict()
+        self._compact: dict[int, bytes] = {}
+        self.resident_bytes = 0
+        self.resident_rows = 0
+        self._units: Counter[tuple[str, int]] = Counter()
+        self.files_version = 0
+        self.shards_version = 0  # changes whenever a shard is added or removed
+        self._summaries: dict[int, dict[str, Any]] = {}  # kept epochs' summaries (status, jobs)
+        self._manifest_sizes: dict[int, int] = {}
+        self.manifest_total = 0  # bytes of the kept manifests: they count within the budget
+        self._load()
+
+    def _load(self) -> None:
+        st = self._state
+        with self.env.begin(buffers=False) as txn:
+            for k, v in txn.cursor(db=self.dbs[b"meta"]):
+                st.meta[k.decode()] = json.loads(v)
+            for _, v in txn.cursor(db=self.dbs[b"shards"]):
+                s = Shard.from_json(v)
+                st.shards[s.id] = s
+                st.keys.add(s.key)
+            for k, v in txn.cursor(db=self.dbs[b"epochs"]):
+                st.epochs.append(int.from_bytes(k, "big"))
+                self._manifest_sizes[st.epochs[-1]] = len(v)
+        self.manifest_total = sum(self._manifest_sizes.values())
+        legacy = st.meta.pop("epoch_summaries", None) or {}  # before per-epoch keys: one blob of them all
+        for key in [k for k in st.meta if k.startswith(SUMMARY_PREFIX)]:
+            self._summaries[int(key[len(SUMMARY_PREFIX):])] = st.meta.pop(key)
+        for e, summary in legacy.items():
+            self._summaries.setdefault(int(e), summary)
+        kept = set(st.epochs)
+        self._summaries = {e: v for e, v in self._summaries.items() if e in kept}
+        with self.env.begin(buffers=False) as txn:
+            for k, v in txn.cursor(db=self.dbs[b"files"]):
+                st.files[k.decode()] = json.loads(v)
+        self.resident_bytes = sum(s.bytes for s in st.shards.values())
+        self.resident_rows = sum(s.rows for s in st.shards.values())
+        self._units.update((s.path, s.row_group) for s in st.shards.values())
+
+    # -- reads ------------------------------------------------------------------------
+    def meta(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            return self._state.meta.get(key, default)
+
+    def shards(self) -> list[Shard]:
+        with self._lock:
+            return list(self._state.shards.values())
+
+    def shard(self, shard_id: int) -> Shard | None:
+        with self._lock:
+            return self._state.shards.get(shard_id)
+
+    def unit_resident(self, path: str, row_group: int) -> bool:
+        with self._lock:
+            return self._units[(path, row_group)] > 0
+
+    def resident_units(self) -> int:
+        with self._lock:
+            return len(self._units)  # only units with a resident shard are kept
+
+    def shard_count(self) -> int:
+        with self._lock:
+            return len(self._state.shards)
+
+    def has_key(self, key: str) -> bool:
+        with self._lock:
+            return key in self._state.keys
+
+    def epochs(self) -> list[int]:
+        with self._lock:
+            return list(self._state.epochs)
+
+    def files(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return dict(self._state.files)
+
+    def compact_manifest(self, epoch: int) -> bytes | None:
+        """The manifest with its shard table packed (samplecache.format.manifest): what the client fetches."""
+        with self._lock:
+            got = self._compact.get(epoch)
+        if got is not None:
+            return got
+        raw = self.manifest_bytes(epoch)
+        if raw is None:
+            return None
+        got = json.dumps(compact(json.loads(raw)), separators=(",", ":")).encode()
+        with self._lock:
+            self._compact[epoch] = got
+            while len(self._compact) > MANIFEST_CACHE:
+                self._compact.pop(next(iter(self._compact)))
+        return got
+
+    def manifest_bytes(self, epoch: int) -> bytes | None:
+        """The sealed manifest of ``epoch`` as stored (JSON bytes), or None."""
+        with self._lock:
+            if epoch in self._manifests:
+                self._manifests.move_to_end(epoch)
+                return self._manifests[epoch]
+            if epoch not in self._state.epochs:
+                return None
+        with self.env.begin() as txn:
+            raw = txn.get(u64(epoch), db=self.dbs[b"epochs"])
+        if raw is not None:
+            self._remember(epoch, bytes(raw))
+        return raw
+
+    # -- updates (called by the writer after a commit) -----------------------------------
+    def _remember(self, epoch: int, raw: bytes) -> None:
+        with self._lock:
+            self._manifests[epoch] = raw
+            self._manifests.move_to_end(epoch)
+            while len(self._manifests) > MANIFEST_CACHE:
+                self._manifests.popitem(last=False)
+
+    def added_shard(self, s: Shard) -> None:
+        with self._lock:
+            self._state.shards[s.id] = s
+            self._state.keys.add(s.key)
+            self._units[(s.path, s.row_group)] += 1
+            self.shards_version += 1
+            self.resident_bytes += s.bytes
+            self.resident_rows += s.rows
+
+    def removed_shard(self, shard_id: int) -> None:
+        with self._lock:
+            s = self._state.shards.pop(shard_id, None)
+            if s is not None:
+                self.shards_version += 1
+                self._state.keys.discard(s.key)
+                self._units[(s.path, s.row_group)] -= 1
+                if self._units[(s.path, s.row_group)] <= 0:
+                    del self._units[(s.path, s.row_group)]
+                self.resident_bytes -= s.bytes
+                self.resident_rows -= s.rows
+
+    def sealed(self, epoch: int, raw: bytes, summary: dict[str, Any] | None = None,
+               dropped: Sequence[int] = ()) -> None:
+        with self._lock:
+            if epoch not in self._state.epochs:
+                self._state.epochs.append(epoch)
+                self._state.epochs.sort()
+                self._manifest_sizes[epoch] = len(raw)
+            if summary is not None:
+                self._summaries[epoch] = summary
+            for e in dropped:
+                if e in self._state.epochs:
+                    self._state.epochs.remove(e)
+                self._summaries.pop(e, None)
+                self._manifest_sizes.pop(e, None)
+                self._manifests.pop(e, None)
+                self._compact.pop(e, None)
+            self.manifest_total = sum(self._manifest_sizes.values())
+        self._remember(epoch, raw)
+
+    def summaries(self) -> dict[int, dict[str, Any]]:
+        """Summaries of the kept epochs (samples, new_samples, bytes, shards, sealed_at, remote_bytes)."""
+        with self._lock:
+            return dict(self._summaries)
+
+    def summary(self, epoch: int) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._summaries.get(epoch) or {})
+
+    def set_meta(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._state.meta[key] = value
+
+    def set_file(self, path: str, info: dict[str, Any]) -> None:
+        with self._lock:
+            self._state.files[path] = info
+            self.files_version += 1
+
+    def file(self, path: str) -> dict[str, Any]:
+        with self._lock:
+            return self._state.files.get(path, {})

@@ -1,0 +1,286 @@
+"""The one LMDB writer. Every write transaction of the daemon runs here, on one thread.
+
+Callers submit operations and get a ``concurrent.futures.Future``; the event loop
+awaits them with ``asyncio.wrap_future`` and never blocks on LMDB.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence
+
+import lmdb
+
+from samplecache.format.constants import MAX_READERS
+from samplecache.format.record import record_key, verify_block
+from samplecache_service.store.catalog import DBS, SUMMARY_PREFIX, Catalog, Shard, u64
+from samplecache_service.store.eviction import EvictionPlan
+from samplecache_service.store.staging import StagingError, read_staged
+
+log = logging.getLogger("samplecache.writer")
+
+
+
+class NoRoom(Exception):
+    """A shard does not fit: the room left is pinned by leases. The staging file stays."""
+
+    def __init__(self, size: int, plan: EvictionPlan) -> None:
+        super().__init__(f"a shard of {size} bytes does not fit: only {plan.freed} bytes are evictable")
+        self.size, self.plan = size, plan
+
+
+class DamagedShard(Exception):
+    """A staged shard whose block ``block`` fails its check (``reason``): nothing of it is ingested. The staging
+    file stays where it is for the caller to set aside or drop; its unit should be sampled again."""
+
+    def __init__(self, path: Path, block: int, reason: str) -> None:
+        super().__init__(f"staged shard {path.name} is damaged: block {block}: {reason}")
+        self.path, self.block, self.reason = path, block, reason
+
+
+class Ingested(NamedTuple):
+    shard: Shard | None
+    evicted: tuple[int, ...]
+
+
+def open_env(path: Path, map_size: int) -> tuple[lmdb.Environment, dict[bytes, Any]]:
+    """Open (or create) the cache environment and its named databases."""
+    path.mkdir(parents=True, exist_ok=True)
+    # mode 0o660: LMDB gives both files one mode, and readers in the group must write lock.mdb (their reader slots)
+    # metasync=False: the meta page is flushed with the next commit's data sync; a killed daemon loses
+    # nothing (the page cache has it) and a power cut rolls back at most the last commit, consistently.
+    env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DBS) + 2, max_readers=MAX_READERS,
+                    subdir=True, meminit=False, readahead=False, metasync=False, mode=0o660)
+    env.reader_check()  # clear slots of readers that died
+    dbs = {name: env.open_db(name) for name in DBS}
+    return env, dbs
+
+
+class Writer:
+    """Owns the write side of the environment."""
+
+    def __init__(self, env: lmdb.Environment, dbs: dict[bytes, Any], catalog: Catalog) -> None:
+        self.env = env
+        self.dbs = dbs
+        self.catalog = catalog
+        self._q: queue.Queue[
+            tuple[Callable[[lmdb.Transaction], Any], Callable[[Any], None] | None, Future[Any]] | None
+        ] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="samplecache-writer", daemon=True)
+        self.commits = 0
+        # what GET /metrics counts (since start): shards ingested, and shards evicted by reason (ingest: to make
+        # room for a new shard; config: the budget or the policy changed)
+        self.ingested = {"shards": 0, "rows": 0, "bytes": 0}
+        self.evicted: Counter[str] = Counter()
+        self.evicted_bytes: Counter[str] = Counter()
+        self.observe_ingest: Callable[[float], None] = lambda seconds: None  # seconds from ingest() to commit
+        self._thread.start()
+
+    # -- the thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            op, after, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                with self.env.begin(write=True) as txn:
+                    result = op(txn)
+                self.commits += 1
+                if after is not None:
+                    after(result)
+                fut.set_result(result)
+            except BaseException as e:  # reported to the caller; the writer keeps going
+                fut.set_exception(e)
+
+    def submit(self, op: Callable[[lmdb.Transaction], Any],
+               after: Callable[[Any], None] | None = None) -> "Future[Any]":
+        """Run ``op(txn)`` in one write transaction; ``after(result)`` runs once it has committed."""
+        fut: Future[Any] = Future()
+        self._q.put((op, after, fut))
+        return fut
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._q.put(None)
+        self._thread.join(timeout)
+
+    # -- operations ---------------------------------------------------------------------------
+    def ingest(self, staged_path: Path, cursor: Callable[[int, int], dict[str, Any]] | None = None,
+               make_room: Callable[[int], EvictionPlan] | None = None) -> "Future[Ingested]":
+        """Ingest one staging file as a new shard, evicting what ``make_room`` names, in ONE transaction.
+
+        ``cursor(cycle, unit)`` gives the sampling cursor to store with it. Raises
+        NoRoom (the file stays staged) when the shard cannot fit without touching
+        pinned shards, and DamagedShard when a block fails its checksum. ``shard`` is None when the file
+        was already ingested.
+        """
+        submitted = time.monotonic()
+
+        def op(txn: lmdb.Transaction) -> Ingested:
+            try:
+                staged = read_staged(staged_path)
+            except StagingError as e:
+                log.warning("dropping unreadable staging file %s: %s", staged_path.name, e,
+                            extra={"event": "staging_dropped", "path": str(staged_path)})
+                staged_path.unlink(missing_ok=True)
+                raise  # not ingested: the caller samples its unit again (never marked done without a shard)
+            try:
+                h = staged.header
+                if self.catalog.has_key(h["key"]):
+                    return Ingested(None, ())
+                for b, block in enumerate(staged.blocks):  # xxh3 at ~10 GB/s: a few ms per 64 MB shard
+                    reason = verify_block(block)
+                    if reason is not None:
+                        raise DamagedShard(staged_path, b, reason)
+                size = sum(len(b) for b in staged.blocks)
+                plan = make_room(size) if make_room is not None else EvictionPlan((), 0, True)
+                if not plan.fits:
+                    raise NoRoom(size, plan)
+                self._delete(txn, plan.evict)
+                sid = int(self.catalog.meta("next_shard", 1))
+                records = self.dbs[b"records"]
+                for b, block in enumerate(staged.blocks):
+                    if not txn.put(record_key(sid, b), block, db=records, append=True):
+                        raise RuntimeError(f"record key of shard {sid} block {b} exists: the catalog and the "
+                                           f"records disagree (two writers on one cache?)")
+                shard = Shard(id=sid, key=h["key"], path=h["path"], row_group=h["row_group"], unit=h["unit"],
+                              cycle=h["cycle"], rows=h["rows"], bytes=size, rows_per_block=h["rows_per_block"],
+                              blocks=len(staged.blocks), created=time.time(), row_groups=int(h.get("row_groups", 1)),
+                              first_row=int(h.get("first_row", -1)))
+                if not txn.put(u64(sid), shard.to_json(), db=self.dbs[b"shards"], overwrite=False):
+                    raise RuntimeError(f"shard {sid} is already catalogued (two writers on one cache?)")
+                txn.put(b"next_shard", json.dumps(sid + 1).encode(), db=self.dbs[b"meta"])
+                if cursor is not None and h.get("final", True):  # a unit is done with its last part
+                    txn.put(b"cursor", json.dumps(cursor(h["cycle"], h["unit"])).encode(), db=self.dbs[b"meta"])
+                return Ingested(shard, plan.evict)
+            finally:
+                staged.close()
+
+        def after(done: Ingested) -> None:
+            self._removed(done.evicted, "ingest")
+            if done.shard is not None:
+                self.catalog.added_shard(done.shard)
+                self.catalog.set_meta("next_shard", done.shard.id + 1)
+                for k, v in (("shards", 1), ("rows", done.shard.rows), ("bytes", done.shard.bytes)):
+                    self.ingested[k] += v
+                self.observe_ingest(time.monotonic() - submitted)
+            staged_path.unlink(missing_ok=True)
+
+        return self.submit(op, after)
+
+    def _delete(self, txn: lmdb.Transaction, shard_ids: Sequence[int]) -> None:
+        records = self.dbs[b"records"]
+        for sid in shard_ids:
+            cur = txn.cursor(db=records)
+            prefix = u64(sid)
+            if cur.set_range(prefix):
+                while cur.key()[:8] == prefix:
+                    if not cur.delete():
+                        break
+            txn.delete(prefix, db=self.dbs[b"shards"])
+
+    def put_meta(self, items: dict[str, Any] | Callable[[], dict[str, Any]]) -> "Future[None]":
+        """Store meta values; ``items`` may be a callable, called on the writer thread (a snapshot taken in
+        write order)."""
+        got: dict[str, Any] = {}
+
+        def op(txn: lmdb.Transaction) -> None:
+            got.update(items() if callable(items) else items)
+            for k, v in got.items():
+                txn.put(k.encode(), json.dumps(v).encode(), db=self.dbs[b"meta"])
+
+        def after(_: None) -> None:
+            for k, v in got.items():
+                self.catalog.set_meta(k, v)
+
+        return self.submit(op, after)
+
+    def put_files(self, files: dict[str, dict[str, Any]]) -> "Future[None]":
+        def op(txn: lmdb.Transaction) -> None:
+            for path, info in files.items():
+                txn.put(path.encode(), json.dumps(info).encode(), db=self.dbs[b"files"])
+
+        def after(_: None) -> None:
+            for path, info in files.items():
+                self.catalog.set_file(path, info)
+
+        return self.submit(op, after)
+
+    def seal(self, epoch: int, build: Callable[[], dict[str, Any]], keep_last: int = 0,
+             pinned: Callable[[], set[int]] = set) -> "Future[bytes]":
+        """Seal ``epoch`` with the manifest ``build()`` makes on the writer thread (so no ingest interleaves).
+
+        Its summary is written under its own key (a seal never rewrites the others). With ``keep_last`` > 0,
+        older manifests beyond the last ``keep_last`` epochs are dropped unless ``pinned()`` names them."""
+        summary: dict[str, Any] = {}
+        used: list[Shard] = []
+        dropped: list[int] = []
+
+        def op(txn: lmdb.Transaction) -> bytes:
+            existing = txn.get(u64(epoch), db=self.dbs[b"epochs"])
+            if existing is not None:
+                return bytes(existing)
+            manifest = build()
+            raw = json.dumps(manifest, separators=(",", ":")).encode()
+            txn.put(u64(epoch), raw, db=self.dbs[b"epochs"])
+            for entry in manifest["shards"]:
+                s = self.catalog.shard(entry[0])
+                if s is not None:
+                    used.append(s)
+                    txn.put(u64(s.id),
+                            json.dumps(dict(s.__dict__, last_used_epoch=epoch), separators=(",", ":")).encode(),
+                            db=self.dbs[b"shards"])
+            summary.update({k: manifest.get(k, 0) for k in ("samples", "new_samples", "bytes", "sealed_at",
+                                                              "remote_bytes")}, shards=len(manifest["shards"]))
+            meta = self.dbs[b"meta"]
+            txn.put(f"{SUMMARY_PREFIX}{epoch}".encode(), json.dumps(summary).encode(), db=meta)
+            txn.delete(b"epoch_summaries", db=meta)  # the one-blob form of older versions
+            if keep_last > 0:
+                eps = sorted(set(self.catalog.epochs()) | {epoch})
+                keep = set(eps[-keep_last:]) | pinned()
+                for e in eps:
+                    if e not in keep:
+                        txn.delete(u64(e), db=self.dbs[b"epochs"])
+                        txn.delete(f"{SUMMARY_PREFIX}{e}".encode(), db=meta)
+                        dropped.append(e)
+            return raw
+
+        def after(raw: bytes) -> None:
+            for s in used:
+                s.last_used_epoch = epoch
+            self.catalog.sealed(epoch, raw, dict(summary) if summary else None, dropped)
+
+        return self.submit(op, after)
+
+    def evict(self, make_room: Callable[[int], EvictionPlan]) -> "Future[tuple[int, ...]]":
+        """Evict what ``make_room(0)`` names (after the budget was lowered)."""
+        def op(txn: lmdb.Transaction) -> tuple[int, ...]:
+            plan = make_room(0)
+            self._delete(txn, plan.evict)
+            return plan.evict
+
+        def after(evicted: tuple[int, ...]) -> None:
+            self._removed(evicted, "config")
+
+        return self.submit(op, after)
+
+    def _removed(self, shard_ids: Sequence[int], reason: str) -> None:
+        """Evicted shards leave the catalog (after their commit), counted by ``reason``."""
+        for sid in shard_ids:
+            s = self.catalog.shard(sid)
+            self.catalog.removed_shard(sid)
+            if s is not None:
+                self.evicted[reason] += 1
+                self.evicted_bytes[reason] += s.bytes
