@@ -15,6 +15,7 @@ from samplecache_service.config.redact import redact
 from samplecache_service.config.settings import MIN_BUDGET, Settings
 from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leases import Lease, LeaseTable
+from samplecache_service.epochs.leasing import Leasing
 from samplecache_service.epochs.manager import EpochManager
 from samplecache_service.errors import NotFound
 from samplecache_service.files import make_dir
@@ -94,6 +95,7 @@ class Daemon:
         self.epochs.reuse_key = lambda: (self.max_bytes, self.policy)
         self.epochs.keep_last = settings.epochs_kept
         self.epochs.job_epochs = self.jobs.mapped
+        self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer, self.persist_leases)
         self.remote = FsspecRemote(settings.source, settings.storage_options) if settings.source else None
         self.traffic = Traffic(Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate)),
                                lambda: self.remote.bytes_read if self.remote is not None else 0)
@@ -287,10 +289,6 @@ class Daemon:
     def lease_ended(self, lease: Lease) -> None:
         """A lease was released or expired: its reader's samples count for its job's epoch."""
         self.jobs.add_read(lease.job, lease.job_epoch, lease.read)
-
-    def missing_shards(self, epoch: int) -> int:
-        """How many shards of ``epoch`` are no longer resident."""
-        return sum(1 for sid in self.epochs.shard_ids(epoch) if self.catalog.shard(sid) is None)
 
     def persist_leases(self) -> "Future[None]":
         """Queue the lease and job tables for the disk (a restart gives every saved lease a fresh TTL). They are

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
 from samplecache.format.constants import MAX_NUMBER
-from samplecache_service.errors import Conflict, Gone, NotFound, NotReady
+from samplecache_service.errors import NotReady
 from samplecache_service.http.deps import DaemonDep, TokenDep
 from samplecache_service.http.models import HeartbeatIn, LeaseIn, LeaseOut, problems
 
@@ -45,24 +45,9 @@ async def get_epoch(d: DaemonDep, epoch: Epoch,
              dependencies=[TokenDep])
 async def take_lease(d: DaemonDep, epoch: Epoch, body: LeaseIn | None = None) -> Any:
     """Pin every shard of a sealed epoch until the lease is released or expires."""
-    if epoch not in d.catalog.epochs():
-        if epoch <= d.epochs.last_sealed():
-            raise Gone(f"epoch {epoch} is no longer kept (--epochs-kept): read a newer epoch")
-        raise NotFound(f"epoch {epoch} is not sealed: GET /v1/epochs/{epoch} first")
     body = body or LeaseIn()
-    if body.job is not None and body.run is not None and body.job_epoch is not None:  # all three (LeaseIn checks)
-        job = d.jobs.job(body.job, body.run)  # 404 for an unknown job, 409 for a replaced run
-        if job.epochs.get(body.job_epoch) != epoch:
-            raise Conflict(f"job {body.job!r} epoch {body.job_epoch} does not read daemon epoch {epoch}: "
-                                     f"POST /v1/jobs/{body.job}/epochs/{body.job_epoch} says which it reads")
-    lease = d.leases.take(epoch, body.ttl, body.holder, body.job, body.run, body.job_epoch)
-    # Checked on the writer thread, after any eviction already under way: from here on the lease pins them.
-    missing = await asyncio.wrap_future(d.writer.submit(lambda txn: d.missing_shards(epoch)))
-    if missing:
-        d.leases.release(epoch, lease.id)
-        raise Gone(f"epoch {epoch} can no longer be read: {missing} of its shards were evicted "
-                                 f"(it had no live lease); read a newer epoch")
-    d.persist_leases()  # queued on the writer; the reader does not wait for the disk
+    lease = await asyncio.wrap_future(d.leasing.take(epoch, body.ttl, body.holder, body.job, body.run,
+                                                     body.job_epoch))
     return lease.to_json()
 
 

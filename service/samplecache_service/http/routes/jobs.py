@@ -65,7 +65,7 @@ def _replayable(d: Daemon, daemon_epoch: int) -> int:
     """``daemon_epoch`` if it is sealed and every shard it names is still resident."""
     if daemon_epoch not in d.catalog.epochs():
         raise NotFound(f"daemon epoch {daemon_epoch} is not sealed (GET /v1/status lists the epochs)")
-    missing = d.missing_shards(daemon_epoch)
+    missing = d.leasing.missing_shards(daemon_epoch)
     if missing:
         raise Gone(f"daemon epoch {daemon_epoch} can no longer be read: {missing} of its shards were "
                    f"evicted (it had no live lease); replay a newer epoch")
@@ -74,7 +74,7 @@ def _replayable(d: Daemon, daemon_epoch: int) -> int:
 
 def _gone(d: Daemon, job: Job, job_epoch: int, daemon_epoch: int, missing: int) -> Gone:
     nxt = job_epoch + 1
-    while nxt in job.epochs and d.missing_shards(job.epochs[nxt]):
+    while nxt in job.epochs and d.leasing.missing_shards(job.epochs[nxt]):
         nxt += 1
     lease = d.leases.expired_for(job.name, job_epoch)
     why = (f"its lease expired {time.time() - lease.expires_at:.0f} s ago and" if lease is not None
@@ -119,7 +119,7 @@ async def map_epoch(d: DaemonDep, name: Name, job_epoch: JobEpoch,
             d.jobs.map_epoch(name, job_epoch, mapped)
             await asyncio.wrap_future(d.persist_leases())  # on disk before any process reads it
         else:
-            missing = d.missing_shards(mapped)
+            missing = d.leasing.missing_shards(mapped)
             if missing:
                 raise _gone(d, job, job_epoch, mapped, missing)
     samples = d.catalog.summary(mapped).get("samples", 0)
