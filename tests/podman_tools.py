@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from deploy_tools import DEPLOY, REPO, run
 
 BASE_SCRIPT = DEPLOY / "debian-base.sh"

