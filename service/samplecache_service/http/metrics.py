@@ -38,14 +38,15 @@ from samplecache.version import __version__
 from samplecache_service.http.deps import DaemonDep
 from samplecache_service.http.gate import ASGIApp, Message, Receive, Scope, Send
 from samplecache_service.http.status import lmdb_usage
+from samplecache_service.remote.stores import ErrorKind
 
 if TYPE_CHECKING:
     from samplecache_service.daemon import Daemon
 
 PREFIX = "samplecache_"
-ERROR_CLASSES = ("transient", "unreachable", "corrupt", "schema", "disk", "changed")  # classify_error; sampler
+ERROR_CLASSES = tuple(k.value for k in ErrorKind)  # every class has its series from the start
 EVICTION_REASONS = ("ingest", "config")  # writer.Writer.evicted
-QUARANTINE_KINDS = ("corrupt", "schema")
+QUARANTINE_KINDS = (ErrorKind.CORRUPT.value, ErrorKind.SCHEMA.value)
 SAMPLER_STATES = ("discovering", "sampling", "paused", "remote error")  # status.sampler_state
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # any other: "other"
 UNMATCHED = "unmatched"  # the route label of a path no route matches (raw paths would be unbounded)

@@ -22,7 +22,7 @@ from samplecache_service.remote.schemas import (
     to_text,
     unify,
 )
-from samplecache_service.remote.stores import RemoteError, RemoteStore, classify_error
+from samplecache_service.remote.stores import ErrorKind, RemoteError, RemoteStore, classify_error
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.writer import Writer
 
@@ -121,16 +121,16 @@ class Discovery:
                           "units": units, "size": info.size, "footer": info.footer}, schema
         except Exception as e:
             kind = classify_error(e)
-            if kind == "unreachable":
+            if kind == ErrorKind.UNREACHABLE:
                 raise
-            if kind != "corrupt":
+            if kind != ErrorKind.CORRUPT:
                 log.warning("cannot read the footer of %s (%s: %s); trying again at the next listing",
                             path, type(e).__name__, e,
                             extra={"event": "footer_unreadable", "path": path, "error_class": kind})
                 return None
             log.warning("quarantined %s: unreadable footer: %s: %s", path, type(e).__name__, e,
-                        extra={"event": "file_quarantined", "path": path, "error_class": "corrupt"})
-            return path, quarantined(f"unreadable footer: {type(e).__name__}: {e}", kind="corrupt"), None
+                        extra={"event": "file_quarantined", "path": path, "error_class": ErrorKind.CORRUPT})
+            return path, quarantined(f"unreadable footer: {type(e).__name__}: {e}", kind=ErrorKind.CORRUPT), None
 
     def _check_schemas(self, footers: list[tuple[str, dict[str, Any], pa.Schema | None]]) -> dict[str, dict[str, Any]]:
         """Each file checked against the dataset's schema (unified from these files while there is none)."""
@@ -152,9 +152,9 @@ class Discovery:
                     target = unify(target, norm)
                 fitting += 1
             except SchemaConflict as e:
-                found[path] = quarantined(f"schema: {e}", info, kind="schema")
+                found[path] = quarantined(f"schema: {e}", info, kind=ErrorKind.SCHEMA)
                 log.warning("quarantined %s: %s", path, e,
-                            extra={"event": "file_quarantined", "path": path, "error_class": "schema"})
+                            extra={"event": "file_quarantined", "path": path, "error_class": ErrorKind.SCHEMA})
         if self.target is None and target is not None and fitting:
             try:
                 schema, skipped = infer_schema(target, self.columns, list(names))
@@ -168,7 +168,7 @@ class Discovery:
         return found
 
 
-def quarantined(reason: str, info: dict[str, Any] | None = None, kind: str = "corrupt") -> dict[str, Any]:
+def quarantined(reason: str, info: dict[str, Any] | None = None, kind: ErrorKind = ErrorKind.CORRUPT) -> dict[str, Any]:
     """File info marking a file as quarantined: its units are skipped until the file changes (size, ETag or
     mtime) or it is released (``DELETE /v1/quarantine/{file}``). ``kind``: corrupt | schema."""
     out = dict(info or {"row_groups": []})

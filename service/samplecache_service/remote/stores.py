@@ -8,6 +8,7 @@ import glob as _glob
 import struct
 import threading
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import fsspec
@@ -234,7 +235,23 @@ CORRUPT_TEXT = ("thrift", "magic bytes", "Unexpected end of stream", "Couldn't d
                 "corrupt", "Invalid", "invalid")
 
 
-def classify_error(exc: BaseException) -> str:
+class ErrorKind(str, Enum):
+    """Why reading a remote unit failed. The values are what the log's ``error_class``, the metrics' ``class``
+    label, ``/v1/status`` and the quarantine list say."""
+
+    TRANSIENT = "transient"
+    UNREACHABLE = "unreachable"
+    CORRUPT = "corrupt"
+    SCHEMA = "schema"
+    DISK = "disk"
+    # replaced since it was listed: listed again at once, the unit retried as transient
+    CHANGED = "changed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def classify_error(exc: BaseException) -> ErrorKind:
     """Why a sampling task failed, by cause:
 
     - 'unreachable': the network or the store is down (retry later; never blame the file);
@@ -248,23 +265,23 @@ def classify_error(exc: BaseException) -> str:
     text = str(exc)
     if isinstance(exc, (ConnectionError, TimeoutError)) or any(
             w in name for w in ("Connect", "Timeout", "EndpointConnection")):
-        return "unreachable"
+        return ErrorKind.UNREACHABLE
     if type(exc).__name__ == "SchemaConflict":
-        return "schema"  # its values do not fit the dataset's schema: the file is set aside as such
+        return ErrorKind.SCHEMA  # its values do not fit the dataset's schema: the file is set aside as such
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "disk"  # the local disk is full (writing the staging file): pause, never blame the file
+        return ErrorKind.DISK  # the local disk is full (writing the staging file): pause, never blame the file
     if isinstance(exc, (PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError, MemoryError,
                         InterruptedError, BlockingIOError)):
-        return "transient"
+        return ErrorKind.TRANSIENT
     if isinstance(exc, OSError) and exc.errno is not None:
-        return "transient"  # a system call failed (disk full, no such file, too many files): not the bytes
+        return ErrorKind.TRANSIENT  # a system call failed (disk full, no such file, too many files): not the bytes
     if any(w in name for w in TRANSIENT_NAMES):
-        return "transient"
+        return ErrorKind.TRANSIENT
     if isinstance(exc, (pa.ArrowInvalid, pa.ArrowNotImplementedError, EOFError)):
-        return "corrupt"
+        return ErrorKind.CORRUPT
     if isinstance(exc, (OSError, pa.ArrowException)) and any(w in text for w in CORRUPT_TEXT):
-        return "corrupt"  # pyarrow reports unparsable Parquet as OSError("Couldn't deserialize thrift ...")
-    return "transient"
+        return ErrorKind.CORRUPT  # pyarrow reports unparsable Parquet as OSError("Couldn't deserialize thrift ...")
+    return ErrorKind.TRANSIENT
 
 
 def signature(info: Mapping[str, Any]) -> str:

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from samplecache.format.record import Schema
 from samplecache_service.remote.schemas import SchemaConflict, conform, from_text
-from samplecache_service.remote.stores import FsspecRemote, chunk_bytes, classify_error
+from samplecache_service.remote.stores import ErrorKind, FsspecRemote, chunk_bytes, classify_error
 from samplecache_service.sampling.encoder import encode_table_pieces
 from samplecache_service.store.staging import block_length, write_staged
 
@@ -113,10 +113,10 @@ def run_task(task: SampleTask) -> SampleResult:
         for staged, _ in locals().get("parts", []):
             Path(staged).unlink(missing_ok=True)  # the unit is sampled again whole: no part of it stays staged
         kind, error = classify_error(e), f"{type(e).__name__}: {e}"
-        if kind == "corrupt" and remote is not None and task.file_size:
+        if kind == ErrorKind.CORRUPT and remote is not None and task.file_size:
             now = remote.current_size(task.path)  # unparsable at the listed size: was the file replaced since?
             if now != task.file_size:
-                kind, error = "changed", (f"the file changed since it was listed ({task.file_size} bytes, now "
+                kind, error = ErrorKind.CHANGED, (f"the file changed since it was listed ({task.file_size} bytes, now "
                                           f"{'gone' if now is None else now}): {error}")
         return SampleResult(task=task, ok=False, error_kind=kind, error=error, seconds=time.perf_counter() - t0,
                             remote_bytes=remote.bytes_read - before if remote is not None else 0)

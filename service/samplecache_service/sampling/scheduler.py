@@ -22,7 +22,7 @@ import lmdb
 from samplecache_service.config.settings import Settings
 from samplecache_service.remote.discovery import Discovery, quarantined
 from samplecache_service.remote.planner import Pick, Planner, Unit, build_units, unit_current
-from samplecache_service.remote.stores import RemoteError, classify_error
+from samplecache_service.remote.stores import ErrorKind, RemoteError, classify_error
 from samplecache_service.sampling.inbox import Inbox
 from samplecache_service.sampling.sampler import SampleResult, SampleTask
 from samplecache_service.sampling.traffic import Traffic
@@ -309,35 +309,36 @@ class Scheduler:
                 self._finish(Pick(t.cycle, t.unit, None))  # type: ignore[arg-type]
             return
         pick = Pick(t.cycle, t.unit, None)  # type: ignore[arg-type]
-        kind = r.error_kind or "transient"
+        kind = r.error_kind or ErrorKind.TRANSIENT
         self.remote_errors += 1
         self.unit_failures[kind] += 1
         self.last_error = f"{t.path} row group {t.row_group}: {r.error}"
         failed = {"event": "sample_failed", "path": t.path, "unit": t.row_group, "error_class": kind}
         assert self.planner is not None
-        if kind == "schema":
-            self.quarantine(t.path, r.error or "does not fit the dataset's schema", kind="schema")
+        if kind == ErrorKind.SCHEMA:
+            self.quarantine(t.path, r.error or "does not fit the dataset's schema", kind=ErrorKind.SCHEMA)
             self._finish(pick)
             return
-        if kind == "disk":
+        if kind == ErrorKind.DISK:
             self._disk_full(r.error or "no space left", "while staging a shard")
             self.planner.retry(pick)
             return
-        if kind == "unreachable":
+        if kind == ErrorKind.UNREACHABLE:
             log.warning("sampling failed (remote unreachable): %s", self.last_error, extra=failed)
             self._backoff_until = self.clock() + self.settings.retry_seconds
             self.planner.retry(pick)
             return
-        if kind == "changed":  # replaced since it was listed: list it again now; the unit is retried as transient
+        # replaced since it was listed: list it again now; the unit is retried as transient
+        if kind == ErrorKind.CHANGED:
             self.discover_soon()
         unit_key = (t.path, t.row_group)
         self._attempts[unit_key] += 1
-        if kind == "corrupt":
+        if kind == ErrorKind.CORRUPT:
             self._corrupt[unit_key] += 1
             if self._corrupt[unit_key] >= CORRUPT_CONFIRMATIONS:
                 self._corrupt.pop(unit_key, None)
                 self._attempts.pop(unit_key, None)
-                self.quarantine(t.path, r.error or "unparsable", kind="corrupt")
+                self.quarantine(t.path, r.error or "unparsable", kind=ErrorKind.CORRUPT)
                 self._finish(pick)
                 return
             delay = self._defer(pick, unit_key, first=1.0)  # confirm with a fresh read soon
@@ -410,7 +411,7 @@ class Scheduler:
         self.last_error = self.disk_full
         log.error("%s", self.disk_full, extra={"event": "disk_full"})
 
-    def quarantine(self, path: str, reason: str, kind: str = "corrupt") -> None:
+    def quarantine(self, path: str, reason: str, kind: ErrorKind = ErrorKind.CORRUPT) -> None:
         if self.catalog.file(path).get("quarantined"):
             return
         self.writer.put_files({path: quarantined(reason, self.catalog.file(path), kind=kind)})

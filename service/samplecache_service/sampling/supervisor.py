@@ -18,6 +18,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
+from samplecache_service.remote.stores import ErrorKind
 from samplecache_service.sampling.sampler import SampleResult, SampleTask, run_task
 
 log = logging.getLogger("samplecache.supervisor")
@@ -167,7 +168,7 @@ class Supervisor:
         log.warning("sampler process died (exit code %s); replaced", code, extra={
             "event": "sampler_died", "path": task.path if task else None, "unit": task.row_group if task else None})
         if task is not None:
-            self._deliver(SampleResult(task=task, ok=False, error_kind="transient",
+            self._deliver(SampleResult(task=task, ok=False, error_kind=ErrorKind.TRANSIENT,
                                        error=f"sampler process died with exit code {code}"))
 
     def stop(self, timeout: float = 5.0) -> list[SampleTask]:
