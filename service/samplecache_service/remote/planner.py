@@ -16,7 +16,7 @@ import hashlib
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -52,6 +52,13 @@ def plan_units(rows: Sequence[int], sizes: Sequence[int], unit_bytes: int) -> li
         else:
             units.append([g, 1, int(n), size])
     return [u[:3] for u in units]
+
+
+class Slot(NamedTuple):
+    """A unit's place in the plan, its pass and position: all that ``retry``, ``done`` and the cursor need."""
+
+    cycle: int
+    position: int
 
 
 @dataclass(frozen=True)
@@ -168,7 +175,7 @@ class Planner:
         self.segments = [len(self.units)]
         self._order = segment_order(self.segments, self.cycle_seed, self.node_rank, self.cycle)
 
-    def retry(self, pick: Pick) -> None:
+    def retry(self, pick: Pick | Slot) -> None:
         """Hand ``pick`` out again later (a transient failure)."""
         with self._lock:
             if pick.cycle == self.cycle and pick.position not in self._retry:

@@ -56,6 +56,8 @@ class SampleResult:
     remote_bytes: int = 0          # bytes fetched from the remote store for this task
     needed_bytes: int = 0          # bytes of the column chunks the unit needs (remote_bytes / this: read amplification)
     extra: dict[str, Any] = field(default_factory=dict)
+    # the last shard of its unit: the unit is done once this one is in
+    final: bool = True
     parts: list[tuple[str, int]] = field(default_factory=list)  # (staging file, bytes) of every shard, in order
 
 

@@ -21,7 +21,7 @@ import lmdb
 
 from samplecache_service.config.settings import Settings
 from samplecache_service.remote.discovery import Discovery, quarantined
-from samplecache_service.remote.planner import Pick, Planner, Unit, build_units, unit_current
+from samplecache_service.remote.planner import Pick, Planner, Slot, Unit, build_units, unit_current
 from samplecache_service.remote.stores import ErrorKind, RemoteError, classify_error
 from samplecache_service.sampling.inbox import Inbox
 from samplecache_service.sampling.sampler import SampleResult, SampleTask
@@ -79,7 +79,7 @@ class Scheduler:
         self._files_seen = -1
         self._attempts: dict[tuple[str, int], int] = collections.defaultdict(int)  # failures in a row per unit
         self._corrupt: dict[tuple[str, int], int] = collections.defaultdict(int)  # unparsable reads in a row per unit
-        self._deferred: list[tuple[float, Pick]] = []  # units waiting out their backoff
+        self._deferred: list[tuple[float, Pick | Slot]] = []  # units waiting out their backoff
         self._backoff_until = self._held_retry_at = self._next_discovery = 0.0
         self._retrying = 0  # held results re-submitted and not answered yet
         self._ingesting = 0  # bytes of shards sampled and on their way to the writer
@@ -254,14 +254,14 @@ class Scheduler:
             file_size=int(info.get("size") or 0), footer_bytes=int(info.get("footer") or 0)))
         return True
 
-    def _finish(self, pick: Pick) -> None:
+    def _finish(self, pick: Pick | Slot) -> None:
         """Mark a unit done without a shard (its file is quarantined)."""
         assert self.planner is not None
         cursor = self.planner.cursor_after(pick.cycle, pick.position)
         self.planner.done(pick.cycle, pick.position)
         self.writer.put_meta({"cursor": cursor})
 
-    def _defer(self, pick: Pick, unit_key: tuple[str, int], first: float | None = None) -> float:
+    def _defer(self, pick: Pick | Slot, unit_key: tuple[str, int], first: float | None = None) -> float:
         """Try ``pick`` again after an exponential backoff with jitter; returns the delay."""
         n = self._attempts[unit_key]
         base = self.settings.retry_seconds if first is None else first
@@ -269,7 +269,7 @@ class Scheduler:
         self._deferred.append((self.clock() + delay, pick))
         return delay
 
-    def _give_up(self, pick: Pick, unit_key: tuple[str, int], kind: str) -> None:
+    def _give_up(self, pick: Pick | Slot, unit_key: tuple[str, int], kind: str) -> None:
         """Stop retrying a unit for this pass (the next pass tries it again): one unit that always fails must
         not hold up the cycle. Its file is not quarantined: nothing says its bytes are bad."""
         self._attempts.pop(unit_key, None)
@@ -304,11 +304,11 @@ class Scheduler:
             parts = r.parts or ([(r.staged, r.bytes)] if r.staged else [])
             for k, (staged, size) in enumerate(parts):
                 self._ingest(dataclasses.replace(r, staged=staged, bytes=size, parts=[],
-                                                 extra={"final": k == len(parts) - 1}))
+                                                 final=k == len(parts) - 1))
             if not parts:
-                self._finish(Pick(t.cycle, t.unit, None))  # type: ignore[arg-type]
+                self._finish(Slot(t.cycle, t.unit))
             return
-        pick = Pick(t.cycle, t.unit, None)  # type: ignore[arg-type]
+        pick = Slot(t.cycle, t.unit)
         kind = r.error_kind or ErrorKind.TRANSIENT
         self.remote_errors += 1
         self.unit_failures[kind] += 1
@@ -392,9 +392,9 @@ class Scheduler:
                 drop_failed(Path(r.staged), damaged=isinstance(exc, DamagedShard))
             unit_key = (r.task.path, r.task.row_group)
             self._attempts[unit_key] += 1
-            self._defer(Pick(r.task.cycle, r.task.unit, None), unit_key)  # type: ignore[arg-type]
+            self._defer(Slot(r.task.cycle, r.task.unit), unit_key)
             return
-        if r.extra.get("final", True):
+        if r.final:
             self.planner.done(r.task.cycle, r.task.unit)
         done = fut.result()
         self.evicted_shards += len(done.evicted)
