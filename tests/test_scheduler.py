@@ -20,14 +20,10 @@ import pytest
 from samplecache_service.config.settings import Settings
 from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.stores import RemoteError
+from samplecache_service.sampling.backoff import JITTER, MAX_UNIT_BACKOFF
 from samplecache_service.sampling.pacing import Pacer
 from samplecache_service.sampling.sampler import SampleResult, SampleTask
-from samplecache_service.sampling.scheduler import (
-    CORRUPT_CONFIRMATIONS,
-    MAX_UNIT_ATTEMPTS,
-    MAX_UNIT_BACKOFF,
-    Scheduler,
-)
+from samplecache_service.sampling.scheduler import CORRUPT_CONFIRMATIONS, MAX_UNIT_ATTEMPTS, Scheduler
 from samplecache_service.sampling.traffic import Traffic
 from samplecache_service.store.budget import Budget
 from samplecache_service.store.catalog import Catalog, Shard
@@ -36,7 +32,6 @@ from samplecache_service.store.eviction import EvictionPlan
 from samplecache_service.store.writer import DamagedShard, Ingested, NoRoom, Writer
 
 SOURCE = "s3://bucket/ds"
-JITTER = (0.75, 1.25)  # the scheduler's backoff is multiplied by a random factor in this range
 
 
 # ----------------------------------------------------------------------------- fakes

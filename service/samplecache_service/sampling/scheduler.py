@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import random
 import time
 import zlib
 from concurrent.futures import Future
@@ -23,6 +22,7 @@ from samplecache_service.config.settings import Settings
 from samplecache_service.remote.discovery import Discovery, quarantined
 from samplecache_service.remote.planner import Pick, Planner, Slot, Unit, build_units, unit_current
 from samplecache_service.remote.stores import ErrorKind, RemoteError, classify_error
+from samplecache_service.sampling.backoff import Backoff
 from samplecache_service.sampling.inbox import Inbox
 from samplecache_service.sampling.sampler import SampleResult, SampleTask
 from samplecache_service.sampling.traffic import Traffic
@@ -47,7 +47,6 @@ log = logging.getLogger("samplecache.daemon")
 
 MAX_UNIT_ATTEMPTS = 8     # failures in a row before a unit is given up for this pass (tried again next pass)
 CORRUPT_CONFIRMATIONS = 2  # unparsable bytes twice in a row (a fresh read each time) before a file is quarantined
-MAX_UNIT_BACKOFF = 300.0   # s: the longest wait before a failing unit is tried again
 T = TypeVar("T")
 
 
@@ -79,7 +78,7 @@ class Scheduler:
         self._files_seen = -1
         self._attempts: dict[tuple[str, int], int] = collections.defaultdict(int)  # failures in a row per unit
         self._corrupt: dict[tuple[str, int], int] = collections.defaultdict(int)  # unparsable reads in a row per unit
-        self._deferred: list[tuple[float, Pick | Slot]] = []  # units waiting out their backoff
+        self._deferred: Backoff[Pick | Slot] = Backoff(self.clock)  # units waiting out their backoff
         self._backoff_until = self._held_retry_at = self._next_discovery = 0.0
         self._retrying = 0  # held results re-submitted and not answered yet
         self._ingesting = 0  # bytes of shards sampled and on their way to the writer
@@ -263,11 +262,8 @@ class Scheduler:
 
     def _defer(self, pick: Pick | Slot, unit_key: tuple[str, int], first: float | None = None) -> float:
         """Try ``pick`` again after an exponential backoff with jitter; returns the delay."""
-        n = self._attempts[unit_key]
         base = self.settings.retry_seconds if first is None else first
-        delay = float(min(MAX_UNIT_BACKOFF, base * 2 ** max(0, n - 1))) * random.uniform(0.75, 1.25)
-        self._deferred.append((self.clock() + delay, pick))
-        return delay
+        return self._deferred.defer(pick, self._attempts[unit_key], base)
 
     def _give_up(self, pick: Pick | Slot, unit_key: tuple[str, int], kind: str) -> None:
         """Stop retrying a unit for this pass (the next pass tries it again): one unit that always fails must
@@ -283,10 +279,7 @@ class Scheduler:
     def _release_deferred(self) -> None:
         if not self._deferred or self.planner is None:
             return
-        now = self.clock()
-        due = [p for t, p in self._deferred if t <= now]
-        self._deferred = [(t, p) for t, p in self._deferred if t > now]
-        for pick in due:
+        for pick in self._deferred.due():
             self.planner.retry(pick)
 
     # -- results (events from the supervisor's thread) ---------------------------------------------------
