@@ -217,3 +217,16 @@ def test_sighup_reloads_runtime_settings_and_names_the_rest(daemon: Any, tmp_pat
     assert st["config"]["last_error"] is None and get(d.url + "/v1/config").json()["max_bytes"] == 48 * 2**20
     time.sleep(0.2)
     assert d.proc.poll() is None
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`samplecache config | head` and friends: the reader goes away before the command writes, and the command
+    stops with SIGPIPE's status (141), as Unix tools do, with no traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "samplecache_service", "config", "--source", "s3://b/p/"], cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    code = p.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert code == 141, (code, err)

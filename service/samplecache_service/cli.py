@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import urllib.error
@@ -287,4 +288,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"serve": cmd_serve, "config": cmd_config, "status": cmd_status, "demo": cmd_demo, "bench": cmd_bench,
                "verify": cmd_verify}[args.command]
-    return int(handler(args) or 0)
+    try:
+        code = int(handler(args) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`samplecache status | head`): stop quietly with SIGPIPE's status, as Unix tools
+        # do; stdout points at /dev/null so that the flush at exit cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return code
