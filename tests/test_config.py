@@ -222,8 +222,8 @@ def test_sighup_reloads_runtime_settings_and_names_the_rest(daemon: Any, tmp_pat
 def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
     """`samplecache config | head` and friends: the reader goes away before the command writes, and the command
     stops with SIGPIPE's status (141), as Unix tools do, with no traceback."""
-    p = subprocess.Popen([sys.executable, "-m", "samplecache_service", "config", "--source", "s3://b/p/"], cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+    p = subprocess.Popen([sys.executable, "-m", "samplecache_service", "config", "--source", "s3://b/p/"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stdout is not None and p.stderr is not None
     p.stdout.close()
     err = p.stderr.read().decode()
