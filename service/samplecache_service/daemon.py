@@ -125,7 +125,7 @@ class Daemon:
     # -- what the routes and the status read ----------------------------------------------------
     @property
     def schema(self) -> Any:
-        return self.discovery.schema if self.discovery else None
+        return self.scheduler.schema()
 
     # the budget in force (PATCH /v1/config and SIGHUP change it through ``configure``)
     @property

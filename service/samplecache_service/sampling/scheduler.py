@@ -33,6 +33,12 @@ from samplecache_service.store.eviction import EvictionPlan
 from samplecache_service.store.staging import drop_failed
 from samplecache_service.store.writer import DamagedShard, NoRoom, Writer
 
+log = logging.getLogger("samplecache.daemon")
+
+MAX_UNIT_ATTEMPTS = 8     # failures in a row before a unit is given up for this pass (tried again next pass)
+CORRUPT_CONFIRMATIONS = 2  # unparsable bytes twice in a row (a fresh read each time) before a file is quarantined
+T = TypeVar("T")
+
 
 class Samplers(Protocol):
     """What the scheduler asks of the sampler processes (``supervisor.Supervisor``)."""
@@ -42,12 +48,6 @@ class Samplers(Protocol):
     def submit(self, task: SampleTask) -> None: ...
 
     def pending(self) -> int: ...
-
-log = logging.getLogger("samplecache.daemon")
-
-MAX_UNIT_ATTEMPTS = 8     # failures in a row before a unit is given up for this pass (tried again next pass)
-CORRUPT_CONFIRMATIONS = 2  # unparsable bytes twice in a row (a fresh read each time) before a file is quarantined
-T = TypeVar("T")
 
 
 class Scheduler:
