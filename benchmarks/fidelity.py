@@ -43,7 +43,7 @@ from samplecache import SampleCacheDataset, SampleCacheLoader
 from samplecache_tools.launch import DaemonProcess
 
 if TYPE_CHECKING:
-    from tests.s3server import S3Server
+    from samplecache_tools.s3server import S3Server
 
 DIM, CLASSES, HIDDEN, BATCH, LR = 16, 4, 256, 256, 1e-3
 MODES = {"a": "full (local memory)", "b": "samplecache (25% budget, rolling)", "c": "fixed 25% subset"}

@@ -7,15 +7,15 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq systemd >/dev/null) || echo "warning: could not install systemd" >&2
 fi
 if ! command -v ip >/dev/null 2>&1; then
-  # tests/test_multinode.py makes network namespaces (Debian package iproute2)
+  # tests/e2e/test_multinode.py makes network namespaces (Debian package iproute2)
   (apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null) || echo "warning: could not install iproute2" >&2
 fi
 if ! command -v chromium >/dev/null 2>&1; then
-  # tests/test_status_page.py and tests/test_docs_offline.py render pages in headless Chromium (Debian package chromium)
+  # tests/e2e/test_status_page.py and tests/e2e/test_docs_offline.py render pages in headless Chromium (Debian package chromium)
   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium" >&2
 fi
 if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
-  # tests/test_container.py builds the image on a base made from Debian packages and runs it
+  # tests/deploy/test_container.py builds the image on a base made from Debian packages and runs it
   # (runc: crun refuses hybrid cgroup v1+v2 hosts)
   (apt-get update -qq && apt-get install -y -qq podman runc debootstrap >/dev/null) || echo "warning: could not install podman" >&2
 fi
@@ -23,14 +23,14 @@ if command -v podman >/dev/null 2>&1; then
   export SAMPLECACHE_TEST_PODMAN=require  # installed: the container tests must run, not skip
 fi
 bash scripts/setup.sh test
-# tests/test_tf.py: samplecache.tf needs TensorFlow, the `tf` extra (tensorflow-cpu: ~25 s; leaves numpy and torch be)
+# tests/client/test_tf.py: samplecache.tf needs TensorFlow, the `tf` extra (tensorflow-cpu: ~25 s; leaves numpy and torch be)
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[tf]"
-# tests/test_arrays.py runs the README's JAX example on CPU: the `jax` extra (jax + jaxlib + scipy, ~0.5 GB,
+# tests/client/test_arrays.py runs the README's JAX example on CPU: the `jax` extra (jax + jaxlib + scipy, ~0.5 GB,
 # ~30 s; leaves numpy and torch be)
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[jax]"
-# tests/test_fidelity.py: benchmarks/fidelity.py draws its plots with matplotlib, the `bench` extra
+# tests/bench/test_fidelity.py: benchmarks/fidelity.py draws its plots with matplotlib, the `bench` extra
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[bench]"
-# tests/test_dali.py: samplecache.dali needs NVIDIA DALI, the `dali` extra (nvidia-dali-cuda120, a 425 MB wheel that
+# tests/client/test_dali.py: samplecache.dali needs NVIDIA DALI, the `dali` extra (nvidia-dali-cuda120, a 425 MB wheel that
 # runs CPU-only pipelines too: ~30 s; leaves numpy and torch be)
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[dali]"
 # the peers of the benchmark suite (its CI smoke run verifies every loader row); never fatal

@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from parquet_data import write_dataset
-from s3server import S3Server
 
 from samplecache_tools.launch import DaemonProcess
+from samplecache_tools.s3server import S3Server
 
 BUCKET = "samplecache-e2e"
 TYPED_PREFIX = "typed"

@@ -14,7 +14,7 @@ Modules (each documents its part; the names below are re-exported here):
               ``wait_idle(d, t0)``, ``fetch_epoch(d, 0)``, ``all_shards(d)``, ``http_json``, ``http_get``;
               for a generated ``Spec``: ``build_cache(spec, root, log)`` -> epoch 0's manifest (reused) and
               ``serve(spec, root, manifest)`` -> the idle daemon on it.
-* ``s3``      a real S3 server: ``s3_server(root)`` (context manager; ``tests.s3server.S3Server``),
+* ``s3``      a real S3 server: ``s3_server(root)`` (context manager; ``samplecache_tools.s3server.S3Server``),
               ``s3fs_options(s3)``, ``upload(spec, fs, prefix, log)``, ``row_group_ranges(fs, prefix)``.
 * ``verify``  ``Row`` (one loader row: passes, median, samples/s, MB/s, ``verified``, ``status``, ``error``,
               ``missing``), ``Tally``, ``measure(row, one_pass, passes, log)`` (warm-up + timed passes, each

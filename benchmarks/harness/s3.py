@@ -1,4 +1,4 @@
-"""A real S3 server on loopback for a benchmark (the tests' ``tests/s3server.py``), and what talks to it.
+"""A real S3 server on loopback for a benchmark (``samplecache_tools.s3server``, as in the tests) and its clients.
 
     with s3_server(root / "s3") as s3:       # SeaweedFS (weed mini); its data removed afterwards
         fs = s3.fs()                         # an s3fs filesystem on it
@@ -7,8 +7,7 @@
         d = start_daemon("s3://bench/large/", cache, env=s3.env())
 
 ``s3_server`` raises ``needs.Missing`` (which and how to install) when s3fs or the ``weed`` binary is not
-installed. ``tests.s3server`` is imported as a test-support module: this package and ``tests`` are both
-importable from the repository root (``python -m benchmarks.<name>``), no ``sys.path`` edits.
+installed.
 ``s3fs_options(s3)`` are the keyword arguments of an ``s3fs.S3FileSystem`` on it in another process
 (no instance or listings cache). ``row_group_ranges`` is every row group's byte range of the files under a
 prefix (their column chunks are contiguous: one range per row group).
@@ -29,7 +28,7 @@ from .data import Log, Spec, write_parquet
 from .needs import require
 
 if TYPE_CHECKING:
-    from tests.s3server import S3Server
+    from samplecache_tools.s3server import S3Server
 
 
 @contextmanager
@@ -39,7 +38,7 @@ def s3_server(root: Path, backend: str = "seaweedfs", keep: bool = False) -> Ite
     require("s3fs")
     if backend == "seaweedfs":
         require("seaweedfs")
-    from tests.s3server import S3Server
+    from samplecache_tools.s3server import S3Server
 
     root.mkdir(parents=True, exist_ok=True)
     data = Path(tempfile.mkdtemp(prefix="s3-", dir=root))
