@@ -5,7 +5,7 @@
 # mosaicml-streaming and litdata require torchvision, and every torchvision wheel pins a torch
 # other than the pinned CPU torch==2.13.0 (pip would replace it). So: the `peers` extra
 # (webdataset and the runtime deps of the other two, none of which needs torch), then the two
-# packages themselves with --no-deps. The suite never imports torchvision (see benchmarks/peers.py).
+# packages themselves with --no-deps. The suite never imports torchvision (see benchmarks/suite/peers.py).
 # Runs from any directory: it works in the repository root, where the package benchmarks is importable.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -33,7 +33,6 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow.parquet as pq
 
-from . import peers as pe
 from .harness import (
     BENCH_FORMAT,
     Check,
@@ -55,6 +54,7 @@ from .harness import (
     text_table,
 )
 from .harness.cli import log
+from .suite import peers as pe
 
 LOADERS = ["samplecache.tf", "tf-pyarrow-batches", "tf-pyarrow-samples"]
 PEERS = LOADERS[1:]

@@ -61,7 +61,7 @@ class Need:
 PEERS = "bash benchmarks/install_peers.sh"  # the three peers, without touching the pinned torch (see there)
 
 NEEDS: dict[str, Need] = {
-    "streaming": Need("mosaicml-streaming==0.13.0", PEERS, probe="benchmarks.peers:import_streaming"),
+    "streaming": Need("mosaicml-streaming==0.13.0", PEERS, probe="benchmarks.suite.peers:import_streaming"),
     "litdata": Need("litdata==0.2.76", PEERS, modules=("litdata", "litdata.streaming.writer")),
     "webdataset": Need("webdataset==1.0.2", PEERS, modules=("webdataset",)),
     "tensorflow": Need("tensorflow-cpu", _pip("-e '.[tf]'"), modules=("tensorflow",)),

@@ -1,4 +1,4 @@
-"""benchmarks/ingest.py: its process CPU accounting, its scaling verdict, and a --quick run end to end (a real S3
+"""benchmarks/ingest/main.py: its process CPU accounting, its scaling verdict, and a --quick run end to end (a real S3
 server, the real daemon at 1 and 2 samplers and on half the files, the epoch read back from LMDB); the JSON holds
 CPU per MB both ways with the ratio to the raw read, the read amplification and the scaling rows. No timing
 thresholds."""
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from paths import REPO
 
-from benchmarks.ingest_cpu import Snapshot, spent, tree_cpu_s
-from benchmarks.ingest_rolling import budget_for, page_cache_tax, rolling_run
-from benchmarks.ingest_scaling import verdict
+from benchmarks.ingest.cpu import Snapshot, spent, tree_cpu_s
+from benchmarks.ingest.rolling import budget_for, page_cache_tax, rolling_run
+from benchmarks.ingest.scaling import verdict
 
 
 def _burn(seconds: float) -> None:

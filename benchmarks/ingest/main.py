@@ -8,7 +8,7 @@
 Targets (issue 14): ingest CPU per MB <= 1.5x the raw read's, for both row sizes; read amplification <= 1.1x;
 the ingest rate for 1, 2, 4, ... samplers, and where it stops scaling and why.
 
-A real S3 server (SeaweedFS) runs on loopback; two datasets are uploaded (``benchmarks/ingest_data.py``: LARGE
+A real S3 server (SeaweedFS) runs on loopback; two datasets are uploaded (``benchmarks/ingest/data.py``: LARGE
 1 MiB rows, SMALL 256 B rows). For each:
 
 a. raw (``ingest_raw.py``): every row group's byte range read by ``--samplers`` s3fs reader processes: one
@@ -45,7 +45,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .harness import (
+from ..harness import (
     MB,
     Missing,
     Spec,
@@ -61,14 +61,14 @@ from .harness import (
     subset,
     write_report,
 )
-from .ingest_cpu import startup_cpu_s
-from .ingest_daemon import ingest_run
-from .ingest_data import BUCKET, make_specs, part_truth, upload_truth
-from .ingest_raw import raw_series
-from .ingest_report import AMP_TARGET, CPU_TARGET, report
-from .ingest_rolling import page_cache_tax, rolling_run
-from .ingest_scaling import parse_counts, run_scaling
-from .ingest_stages import cprofile_unit, guarded, read_variants, stage_profile
+from .cpu import startup_cpu_s
+from .daemon import ingest_run
+from .data import BUCKET, make_specs, part_truth, upload_truth
+from .raw import raw_series
+from .report import AMP_TARGET, CPU_TARGET, report
+from .rolling import page_cache_tax, rolling_run
+from .scaling import parse_counts, run_scaling
+from .stages import cprofile_unit, guarded, read_variants, stage_profile
 
 
 def cpu_summary(raws: list[dict[str, Any]], ing: dict[str, Any], probe: dict[str, Any]) -> dict[str, Any]:
@@ -245,7 +245,3 @@ def main(argv: list[str] | None = None) -> int:
     print(load_note(load_start) + " (the processes' CPU per MB much less so than wall-clock figures)")
     write_report(a.json, out)
     return 0 if all(r["verified"] for r in results.values()) else 1  # a missing tool is reported, not failed
-
-
-if __name__ == "__main__":
-    sys.exit(main())

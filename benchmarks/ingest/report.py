@@ -1,11 +1,11 @@
-"""The text report of benchmarks/ingest.py: rates, CPU per MB both ways against the raw read (target <= 1.5x),
+"""The text report of benchmarks/ingest/main.py: rates, CPU per MB both ways against the raw read (target <= 1.5x),
 read amplification (target <= 1.1x), scaling, and where a sampler's time goes."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .harness import MB
+from ..harness import MB
 
 CPU_TARGET, AMP_TARGET = 1.5, 1.1
 

@@ -243,7 +243,7 @@ def import_streaming() -> types.ModuleType:
     root = list(spec.submodule_search_locations)[0]
     for name, path in (("streaming", root), ("streaming.base", os.path.join(root, "base"))):
         if name not in sys.modules:
-            pkg = types.ModuleType(name, f"{name} (package __init__ skipped by benchmarks.peers)")
+            pkg = types.ModuleType(name, f"{name} (package __init__ skipped by benchmarks.suite.peers)")
             pkg.__path__ = [path]
             pkg.__package__ = name
             pkg.__spec__ = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),

@@ -1,4 +1,4 @@
-"""CPU time for benchmarks/ingest.py, two ways: the whole machine's (``/proc/stat``), and that of exactly the
+"""CPU time for benchmarks/ingest/main.py, two ways: the whole machine's (``/proc/stat``), and that of exactly the
 processes involved (a process tree's ``utime + stime`` from ``/proc/<pid>/stat``), which other work on a shared
 machine does not disturb.
 

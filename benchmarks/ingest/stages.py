@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .harness import MB
+from ..harness import MB
 
 STAGES = ("open_footer", "read_row_group", "encode", "stage_write", "stage_fsync", "lmdb_ingest")
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .harness import MB
-from .ingest_cpu import Snapshot, self_cpu_s, spent
+from ..harness import MB
+from .cpu import Snapshot, self_cpu_s, spent
 
 Range = tuple[str, int, int, int]
 

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .harness import fmt
+from ..harness import fmt
 
 if TYPE_CHECKING:
-    from .suite import SuiteRow
+    from .main import SuiteRow
 
 PEERS = ["lmdb-pickle", "parquet-arrow", "streaming", "litdata", "webdataset"]
 SAMPLECACHE = ["samplecache", "samplecache-batched", "samplecache-loader", "samplecache-loader-ps"]
@@ -202,7 +202,7 @@ bash benchmarks/install_peers.sh              # optional peers, without touching
 .venv/bin/python -m benchmarks.suite --quick  # CI smoke sizes (< 3 minutes), every row still verified
 ```
 
-Method (details in the docstrings of `benchmarks/suite.py`, `benchmarks/peers.py` and `benchmarks/harness/`):
+Method (details in the docstrings of `benchmarks/suite/main.py`, `benchmarks/suite/peers.py` and `benchmarks/harness/`):
 
 * Code: every benchmark is a short `main` over one shared harness, `benchmarks/harness/` (data
   generation and ground truth, the daemon's start and stop, the S3 server of the tests, verified
@@ -233,7 +233,7 @@ Method (details in the docstrings of `benchmarks/suite.py`, `benchmarks/peers.py
   (lmdb-pickle, parquet-arrow, streaming, litdata, webdataset) at the same dataset and workers.
   MB/s counts `x` only (MB = 10^6 B).
 * MosaicML Streaming imports torchvision and transformers from its package `__init__`s; the
-  suite imports only `streaming.base.dataset` and the MDS writer (see `benchmarks/peers.py`), so
+  suite imports only `streaming.base.dataset` and the MDS writer (see `benchmarks/suite/peers.py`), so
   neither is needed.
 * The machine is shared (2 cores; other work may run at the same time): every figure is a wall-clock
   rate and moves with the load average given below.

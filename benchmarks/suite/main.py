@@ -14,7 +14,7 @@ too, same parameters, so both reuse each other's data under ``--workdir``):
 * LARGE: 3,000 samples of ``x`` = 262,144 random float32 (1 MiB) + int64 ``y`` (``--quick``: 64).
 
 The Parquet files are cached by the real daemon (``samplecache serve`` on a ``file://`` source) and
-converted to each peer's local format (``benchmarks.peers``): MDS shards (MosaicML Streaming),
+converted to each peer's local format (``benchmarks.suite.peers``): MDS shards (MosaicML Streaming),
 LitData chunks, WebDataset tars, an LMDB of pickled samples; the pyarrow loader reads the Parquet
 files themselves. Peer data, caches and temporary files stay under ``--workdir`` (``TMPDIR`` is
 pointed there); Streaming's ``/dev/shm`` leftovers are removed after each of its rows.
@@ -35,7 +35,7 @@ Loaders (DataLoader batch size 256 for SMALL and 8 for LARGE, default collate, s
                            loader has the dataset make the (identical) batches by vectorised gathers.
 * peers: ``lmdb-pickle`` (naive map-style LMDB + pickle, RandomSampler), ``parquet-arrow`` (pyarrow
   IterableDataset), ``streaming`` (MosaicML Streaming, local MDS), ``litdata`` (LitData, local chunks,
-  StreamingDataLoader), ``webdataset`` (local tars); details in ``benchmarks.peers``.
+  StreamingDataLoader), ``webdataset`` (local tars); details in ``benchmarks.suite.peers``.
 
 Every row: one untimed warm-up pass (warms the page cache and starts the persistent workers), then
 ``--passes`` timed passes (default 3), the median reported. EVERY pass is verified against the
@@ -62,9 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import peers as pe
-from . import suite_report as sr
-from .harness import (
+from ..harness import (
     BENCH_FORMAT,
     Check,
     Row,
@@ -85,14 +83,16 @@ from .harness import (
     stop_daemon,
     write_json,
 )
-from .harness.cli import log
-from .suite_report import LOADERS, PEERS, SAMPLECACHE
+from ..harness.cli import log
+from . import peers as pe
+from . import report as sr
+from .report import LOADERS, PEERS, SAMPLECACHE
 
 SUITE_FORMAT = 1
 EXTERNAL = ("streaming", "litdata", "webdataset")  # peers that need an install (keys of harness.needs.NEEDS)
 VERSIONS = ("mosaicml-streaming", "litdata", "webdataset", "lmdb", "pyarrow", "numpy", "torch")
 WORKER_TIMEOUT_S = 600  # a DataLoader worker that sends nothing for this long fails the row (hangs)
-HERE = Path(__file__).resolve().parent
+BENCHMARKS = Path(__file__).resolve().parents[1]  # results/ here, docs/ beside it
 
 
 @dataclass
@@ -282,6 +282,7 @@ def peers_tmpdir(workdir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser(__doc__)
+    p.prog = "python -m benchmarks.suite"
     cli.common(p, quick="CI smoke sizes, 1 timed pass (< 3 minutes)", json_help="write the results here (default "
                "benchmarks/results/suite.json; --quick: WORKDIR/suite-quick.json)")
     cli.loader_sizes(p)
@@ -300,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     workers = cli.ints(p, "--workers", a.workers)
     loaders = cli.subset(p, "--loaders", a.loaders, LOADERS)
     workdir = a.workdir.resolve()
-    json_path = a.json or (workdir / "suite-quick.json" if a.quick else HERE / "results" / "suite.json")
-    md_path = None if a.no_md else (a.md or (None if a.quick else HERE.parent / "docs" / "benchmarks.md"))
+    json_path = a.json or (workdir / "suite-quick.json" if a.quick else BENCHMARKS / "results" / "suite.json")
+    md_path = None if a.no_md else (a.md or (None if a.quick else BENCHMARKS.parent / "docs" / "benchmarks.md"))
 
     peers_tmpdir(workdir)
     # default_collate of a read-only numpy array (webdataset's np.frombuffer) warns once per process
@@ -349,7 +350,3 @@ def main(argv: list[str] | None = None) -> int:
         sr.write_markdown(md_path, result, rows, workers)
         log(f"markdown: {md_path}")
     return report.exit_code(rows)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .harness import MB, http_get
+from ..harness import MB, http_get
 
 
 def pct(values: list[float], q: float) -> float:

@@ -20,9 +20,9 @@ from typing import Any
 
 from samplecache_tools.launch import DaemonProcess
 
-from .harness import MB, Spec, all_shards, fetch_epoch, find_tool, http_json, lmdb_check, start_daemon, stop_daemon
-from .ingest_cpu import Snapshot, spent
-from .ingest_spy import summarize_raw_profile
+from ..harness import MB, Spec, all_shards, fetch_epoch, find_tool, http_json, lmdb_check, start_daemon, stop_daemon
+from .cpu import Snapshot, spent
+from .spy import summarize_raw_profile
 
 POLL = 0.25  # /v1/status is not free for the daemon: polled 4 times a second, the times come from the shards
 

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import MB, Spec, http_get, http_json, start_daemon, stop_daemon
-from .ingest_cpu import Snapshot, spent
-from .ingest_daemon import cpu_window
+from ..harness import MB, Spec, http_get, http_json, start_daemon, stop_daemon
+from .cpu import Snapshot, spent
+from .daemon import cpu_window
 
 FILL = 1.5        # the window starts once the daemon has ingested this many budgets' worth
 POLL = 0.25

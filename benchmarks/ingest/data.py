@@ -1,4 +1,4 @@
-"""The two datasets of benchmarks/ingest.py (``harness.Spec``, written by ``harness.upload`` to the S3 server)
+"""The two datasets of benchmarks/ingest/main.py (``harness.Spec``, written by ``harness.upload`` to the S3 server)
 and their truth: sample count, sum of ``y``, every row group's byte range, the bytes of the column chunks
 (what a sampler must fetch at least) and of the footers.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .harness import MB, Spec, log, row_group_ranges, upload
+from ..harness import MB, Spec, log, row_group_ranges, upload
 
 BUCKET = "samplecache-bench"
 

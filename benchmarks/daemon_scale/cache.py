@@ -32,7 +32,7 @@ from samplecache_service.store.catalog import Catalog, Shard, u64
 from samplecache_service.store.writer import Writer, open_env
 from samplecache_tools.launch import DaemonProcess
 
-from .harness import human, log, read_json, start_daemon, wait_idle, write_json
+from ..harness import human, log, read_json, start_daemon, wait_idle, write_json
 
 BENCH_FORMAT = 1
 GiB = 1 << 30

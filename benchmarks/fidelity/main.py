@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -36,11 +35,12 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from benchmarks import fidelity_plots
 from benchmarks.harness import cli, http_json, s3_server, start_daemon, stop_daemon
 from benchmarks.harness import report as harness_report
 from samplecache import SampleCacheDataset, SampleCacheLoader
 from samplecache_tools.launch import DaemonProcess
+
+from . import plots
 
 if TYPE_CHECKING:
     from samplecache_tools.s3server import S3Server
@@ -279,6 +279,7 @@ def claim(modes: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser(__doc__)
+    p.prog = "python -m benchmarks.fidelity"
     cli.common(p, workdir=cli.BENCH_DATA / "fidelity", quick="a small smoke run (under a minute and a half)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 (--quick: 0)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
@@ -340,10 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     out["host"] = harness_report.host(load_start, ("numpy", "pyarrow", "torch"),
                                       git=harness_report.git_state())
     if a.plots and out["claim"] is not None:
-        why = fidelity_plots.missing()
+        why = plots.missing()
         if why:
             log(f"no plots: {why}")
-        out["plots"] = why or fidelity_plots.plot(out, a.plots)
+        out["plots"] = why or plots.plot(out, a.plots)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(out, indent=1))
@@ -364,7 +365,3 @@ def table(out: dict[str, Any]) -> str:
                      f"({s['wait_s'][0]:.1f} s of "
                      f"{s['wait_s'][0] + s['compute_s'][0] + s['padded_s'][0]:.1f} s) | {per} |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
 A cache of each size of 16 KiB samples (``x`` = fixed_size_list<uint8, 16384>, 64 samples = one 1 MiB block,
 4 blocks per shard; ``--quick``: 4 KiB, 32 per shard, 2 blocks) is built without the remote
-(``benchmarks.scale_cache``); epoch 0 is read with ``SampleCacheDataset(url, shuffle=True, batch_size=64)``
+(``benchmarks.daemon_scale.cache``); epoch 0 is read with ``SampleCacheDataset(url, shuffle=True, batch_size=64)``
 in this process and with a raw read-only LMDB scan of the same manifest (one warm-up pass, then ``passes``
 timed passes, each verified: count and sum of ``y``). Every size's rate is compared with the smallest one's.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 from samplecache.format.record import BlockView, Schema, shard_prefix
 
-from .harness import MB, http_json, human, log, stop_daemon
-from .scale_cache import CacheSpec, build_cache, start_idle
+from ..harness import MB, http_json, human, log, stop_daemon
+from .cache import CacheSpec, build_cache, start_idle
 
 
 def read_spec(size: int, quick: bool) -> CacheSpec:

@@ -9,7 +9,7 @@ Targets (from the issue):
 * daemon RSS <= 300 MB at 10M samples;
 * read rate flat (within 10%) from a 1 GB to a 16 GB cache.
 
-Caches are built WITHOUT the remote and without a daemon (``benchmarks.scale_cache``): the benchmark opens the
+Caches are built WITHOUT the remote and without a daemon (``benchmarks.daemon_scale.cache``): the benchmark opens the
 LMDB environment with ``samplecache_service.store.writer.open_env``, builds a ``Catalog``
 and a ``Writer`` in-process and submits write transactions of many shards each
 (``--per-txn``, default 1000): every block encoded with ``samplecache.format.blockenc.encode_block``
@@ -36,8 +36,8 @@ Verified: the manifest names every shard once (ids 1..N), the sample count and t
 count equal what was built, every response body is byte-identical to the first one, and
 a few shards are read back from LMDB with the client's reader (``y`` values checked).
 
-Part 2, read rate vs cache size (``--read-sizes``; ``benchmarks.scale_read``): a cache of each size of 16 KiB samples
-(``x`` = fixed_size_list<uint8, 16384>, 64 samples = one 1 MiB block, 4 blocks per shard)
+Part 2, read rate vs cache size (``--read-sizes``; ``benchmarks.daemon_scale.read``): a cache of each size of
+16 KiB samples (``x`` = fixed_size_list<uint8, 16384>, 64 samples = one 1 MiB block, 4 blocks per shard)
 is built the same way; epoch 0 is read with ``SampleCacheDataset(url, shuffle=True,
 batch_size=64)`` in this process (one warm-up pass, then ``--passes`` timed passes, each
 verified: count and sum of ``y``) and with a raw read-only LMDB scan of the same manifest.
@@ -62,7 +62,7 @@ import numpy as np
 
 from samplecache.format.record import BlockView, Schema, shard_prefix
 
-from .harness import (
+from ..harness import (
     MB,
     cli,
     fmt,
@@ -76,9 +76,9 @@ from .harness import (
     report,
     stop_daemon,
 )
-from .scale_cache import BENCH_FORMAT, CacheSpec, build_cache, clear_epochs, start_idle
-from .scale_load import cpu_seconds, load, memory, sequential
-from .scale_read import run_read
+from .cache import BENCH_FORMAT, CacheSpec, build_cache, clear_epochs, start_idle
+from .load import cpu_seconds, load, memory, sequential
+from .read import run_read
 
 # --- part 1: scale ----------------------------------------------------------------------------------
 
@@ -258,6 +258,7 @@ def summary(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser(__doc__)
+    p.prog = "python -m benchmarks.daemon_scale"
     cli.common(p, workdir=cli.BENCH_DATA / "scale", quick="tiny sizes (CI smoke run)")
     p.add_argument("--shards", type=int, default=None, help="shards of the scale cache (default 100000; --quick 2000)")
     p.add_argument("--rows", type=int, default=100, help="samples per shard of the scale cache (default 100)")
@@ -305,7 +306,3 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + report.load_note(load_start))
     report.write_report(a.json, res)
     return 0 if res["verified"] else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
