@@ -22,7 +22,7 @@ from samplecache_service.files import make_dir
 from samplecache_service.ops.control import configure
 from samplecache_service.ops.health import Health
 from samplecache_service.ops.history import History, Recorder
-from samplecache_service.remote.discovery import Discovery, released
+from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.planner import Planner
 from samplecache_service.remote.schemas import SchemaConflict
 from samplecache_service.remote.stores import FsspecRemote
@@ -260,18 +260,17 @@ class Daemon:
                 "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()}
 
     def quarantined(self) -> list[dict[str, Any]]:
-        return [{"path": redact(p), "reason": redact(str(i.get("reason", ""))), "kind": i.get("kind", "corrupt"),
-                 "at": i.get("at"), "released": bool(i.get("recheck"))}
-                for p, i in sorted(self.catalog.files().items()) if i.get("quarantined")]
+        return [{"path": redact(p), "reason": redact(i.reason), "kind": i.kind, "at": i.at, "released": i.recheck}
+                for p, i in sorted(self.catalog.files().items()) if i.quarantined]
 
     def release(self, path: str) -> "Future[None]":
         """Take ``path`` out of quarantine: it is read again at once (and quarantined again if still bad).
         The future raises errors.NotFound when no quarantined file has that name."""
         def op() -> None:
             info = self.catalog.file(path)
-            if not info.get("quarantined"):
+            if not info.quarantined:
                 raise NotFound(f"no quarantined file {redact(path)!r} (GET /v1/quarantine lists them)")
-            self.writer.put_files({path: released(info)}).result()
+            self.writer.put_files({path: info.release()}).result()
             self.scheduler.discover_soon()
         return self.scheduler.call(op)
 

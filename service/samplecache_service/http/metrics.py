@@ -159,7 +159,7 @@ class DaemonCollector:
         """Quarantined files by kind, counted again only when the files table changed."""
         version = d.catalog.files_version
         if self._quarantine[0] != version:
-            kinds = Counter(str(i.get("kind", "corrupt")) for i in d.catalog.files().values() if i.get("quarantined"))
+            kinds = Counter(i.kind for i in d.catalog.files().values() if i.quarantined)
             self._quarantine = (version, _every(QUARANTINE_KINDS, {k: float(n) for k, n in kinds.items()}))
         return dict(self._quarantine[1])
 

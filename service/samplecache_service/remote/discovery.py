@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
@@ -24,6 +23,7 @@ from samplecache_service.remote.schemas import (
 )
 from samplecache_service.remote.stores import ErrorKind, RemoteError, RemoteStore, classify_error
 from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.writer import Writer
 
 log = logging.getLogger("samplecache.discovery")
@@ -71,54 +71,54 @@ class Discovery:
         new = [p for p in paths if p not in known]
         # known files looked at again: a quarantined one released by hand, and any one that changed (replaced in
         # place: its footer, size and units are read anew, so that no sampler reads it at its old size)
-        again = [p for p in paths if p in known and (known[p].get("quarantined") and known[p].get("recheck") or (
-            sigs.get(p) and known[p].get("signature") not in (None, sigs.get(p))))]
+        again = [p for p in paths if p in known and (known[p].quarantined and known[p].recheck or (
+            sigs.get(p) and known[p].signature not in (None, sigs.get(p))))]
         if not new and not again:
             return []
-        seq = 1 + max((int(i.get("seq", 0)) for i in known.values()), default=0)
+        seq = 1 + max((i.seq for i in known.values()), default=0)
         with ThreadPoolExecutor(FOOTER_THREADS) as pool:
             footers = [f for f in pool.map(self._footer, sorted(new + again)) if f is not None]
         found = self._check_schemas(footers)
         fresh: list[str] = []
         for path, info in found.items():
-            info["signature"] = sigs.get(path)
+            info = found[path] = replace(info, signature=sigs.get(path))
             old = known.get(path)
             if old is None:
-                info["seq"] = seq
+                found[path] = replace(info, seq=seq)
                 fresh.append(path)
-            elif info.get("quarantined") and old.get("quarantined"):
-                log.warning("%s is still unreadable after it changed or was released: %s", path, info["reason"],
-                            extra={"event": "quarantine_kept", "path": path, "error_class": info.get("kind")})
-                info = found[path] = dict(old, reason=info["reason"], at=info["at"], signature=sigs.get(path))
-                info.pop("recheck", None)
+            elif info.quarantined and old.quarantined:
+                log.warning("%s is still unreadable after it changed or was released: %s", path, info.reason,
+                            extra={"event": "quarantine_kept", "path": path, "error_class": info.kind})
+                found[path] = replace(old, reason=info.reason, at=info.at, signature=info.signature, recheck=False)
             else:
-                info["seq"] = old.get("seq", seq)
-                if not old.get("row_groups") or old.get("units") not in (None, info.get("units")):
+                found[path] = replace(info, seq=old.seq)
+                if not old.row_groups or old.units not in (None, info.units):
                     fresh.append(path)  # new units; any old ones are skipped as stale (planner.unit_current)
-                if old.get("quarantined"):
-                    log.info("%s leaves quarantine (%s)", path, "released" if old.get("recheck") else "it changed",
+                if old.quarantined:
+                    log.info("%s leaves quarantine (%s)", path, "released" if old.recheck else "it changed",
                              extra={"event": "quarantine_left", "path": path})
-                elif not info.get("quarantined"):
-                    log.info("%s changed (%s bytes, now %s): its footer was read again", path, old.get("size"),
-                             info.get("size"), extra={"event": "file_changed", "path": path})
+                elif not info.quarantined:
+                    log.info("%s changed (%s bytes, now %s): its footer was read again", path, old.size,
+                             info.size, extra={"event": "file_changed", "path": path})
         self.writer.put_files(found).result()
         if self.schema is None:
-            reasons = sorted({i["reason"] for i in found.values() if i.get("quarantined")})
+            reasons = sorted({i.reason for i in found.values() if i.quarantined})
             raise RemoteError(f"no readable Parquet file under source {self.remote.url!r}"
                               + (": " + "; ".join(reasons[:3]) if reasons else ""))
         if new:
             log.info("source %s: %d new file(s)", self.remote.url, len(new),
                      extra={"event": "files_discovered", "path": self.remote.url})
-        return sorted(p for p in fresh if not found[p].get("quarantined") or p in new)
+        return sorted(p for p in fresh if not found[p].quarantined or p in new)
 
-    def _footer(self, path: str) -> tuple[str, dict[str, Any], pa.Schema | None] | None:
+    def _footer(self, path: str) -> tuple[str, FileInfo, pa.Schema | None] | None:
         """The file's units and schema; quarantined only when its footer bytes cannot be parsed; None (look
         again at the next listing) when reading it failed for any other cause."""
         try:
-            info, schema = self.remote.file_info(path)
-            units = plan_units(info.row_groups, info.row_group_bytes, self.unit_bytes)
-            return path, {"row_groups": list(info.row_groups), "row_group_bytes": list(info.row_group_bytes),
-                          "units": units, "size": info.size, "footer": info.footer}, schema
+            footer, schema = self.remote.file_info(path)
+            units = plan_units(footer.row_groups, footer.row_group_bytes, self.unit_bytes)
+            return path, FileInfo(row_groups=footer.row_groups, row_group_bytes=footer.row_group_bytes,
+                                  units=tuple((g, c, n) for g, c, n in units), size=footer.size,
+                                  footer=footer.footer), schema
         except Exception as e:
             kind = classify_error(e)
             if kind == ErrorKind.UNREACHABLE:
@@ -130,11 +130,11 @@ class Discovery:
                 return None
             log.warning("quarantined %s: unreadable footer: %s: %s", path, type(e).__name__, e,
                         extra={"event": "file_quarantined", "path": path, "error_class": ErrorKind.CORRUPT})
-            return path, quarantined(f"unreadable footer: {type(e).__name__}: {e}", kind=ErrorKind.CORRUPT), None
+            return path, FileInfo().quarantine(f"unreadable footer: {type(e).__name__}: {e}", ErrorKind.CORRUPT), None
 
-    def _check_schemas(self, footers: list[tuple[str, dict[str, Any], pa.Schema | None]]) -> dict[str, dict[str, Any]]:
+    def _check_schemas(self, footers: list[tuple[str, FileInfo, pa.Schema | None]]) -> dict[str, FileInfo]:
         """Each file checked against the dataset's schema (unified from these files while there is none)."""
-        found: dict[str, dict[str, Any]] = {}
+        found: dict[str, FileInfo] = {}
         fixed = self.target if self.target is not None else self.pinned
         target = fixed
         names: dict[str, None] = {}  # the files' own columns (normalize keeps only the wanted ones), for errors
@@ -152,7 +152,7 @@ class Discovery:
                     target = unify(target, norm)
                 fitting += 1
             except SchemaConflict as e:
-                found[path] = quarantined(f"schema: {e}", info, kind=ErrorKind.SCHEMA)
+                found[path] = info.quarantine(f"schema: {e}", ErrorKind.SCHEMA)
                 log.warning("quarantined %s: %s", path, e,
                             extra={"event": "file_quarantined", "path": path, "error_class": ErrorKind.SCHEMA})
         if self.target is None and target is not None and fitting:
@@ -166,17 +166,3 @@ class Discovery:
             for name, why in skipped.items():
                 log.warning("column %r is left out: %s", name, why, extra={"event": "column_skipped"})
         return found
-
-
-def quarantined(reason: str, info: dict[str, Any] | None = None, kind: ErrorKind = ErrorKind.CORRUPT) -> dict[str, Any]:
-    """File info marking a file as quarantined: its units are skipped until the file changes (size, ETag or
-    mtime) or it is released (``DELETE /v1/quarantine/{file}``). ``kind``: corrupt | schema."""
-    out = dict(info or {"row_groups": []})
-    out.pop("recheck", None)
-    out.update(quarantined=True, reason=reason, kind=kind, at=time.time())
-    return out
-
-
-def released(info: dict[str, Any]) -> dict[str, Any]:
-    """File info of a quarantined file released by hand: read again at the next listing."""
-    return dict(info, recheck=True)

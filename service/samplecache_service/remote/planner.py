@@ -20,6 +20,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from samplecache_service.store.fileinfo import FileInfo
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -68,17 +70,17 @@ class Pick:
     unit: Unit
 
 
-def build_units(files: Mapping[str, Mapping[str, Any]]) -> list[Unit]:
+def build_units(files: Mapping[str, FileInfo]) -> list[Unit]:
     """All units, in discovery order (files by discovery sequence, then path; row groups in order).
 
     Quarantined files keep their units (indices stay stable); the daemon skips them.
     """
     units: list[Unit] = []
-    for path in sorted(files, key=lambda p: (int(files[p].get("seq", 0)), p)):
-        planned = files[path].get("units")
+    for path in sorted(files, key=lambda p: (files[p].seq, p)):
+        planned = files[path].units
         if planned is None:
-            planned = [[i, 1, int(n)] for i, n in enumerate(files[path].get("row_groups", []))]
-        units.extend(Unit(path, int(g), int(n), int(c)) for g, c, n in planned)
+            planned = tuple((i, 1, n) for i, n in enumerate(files[path].row_groups))
+        units.extend(Unit(path, g, n, c) for g, c, n in planned)
     return units
 
 
@@ -239,7 +241,6 @@ class Planner:
             return dict(self._coverage[1])
 
 
-def unit_current(unit: Unit, info: Mapping[str, Any]) -> bool:
+def unit_current(unit: Unit, info: FileInfo) -> bool:
     """Whether ``unit`` is still one of its file's units (a file that changed may have been re-planned)."""
-    planned = info.get("units")
-    return planned is None or [unit.row_group, unit.row_groups, unit.rows] in planned
+    return info.units is None or (unit.row_group, unit.row_groups, unit.rows) in info.units

@@ -53,7 +53,9 @@ class RemoteError(Exception):
 
 
 @dataclass(frozen=True)
-class FileInfo:
+class Footer:
+    """What a file's footer says (and its size): read once per file by discovery."""
+
     path: str
     size: int
     row_groups: tuple[int, ...]  # rows per row group
@@ -65,7 +67,7 @@ class RemoteStore(Protocol):
     url: str
 
     def list_files(self) -> list[str]: ...
-    def file_info(self, path: str) -> tuple[FileInfo, pa.Schema]: ...
+    def file_info(self, path: str) -> tuple[Footer, pa.Schema]: ...
     def read_row_group(self, path: str, row_group: int, columns: Sequence[str] | None) -> pa.Table: ...
 
 
@@ -114,12 +116,12 @@ class FsspecRemote:
             raise RemoteError(f"no Parquet files (*.parquet, *.parq, *.pq) under source {self.url!r}")
         return files
 
-    def file_info(self, path: str) -> tuple[FileInfo, pa.Schema]:
+    def file_info(self, path: str) -> tuple[Footer, pa.Schema]:
         size = self.sizes.get(path) or int(self.fs.size(path))
         md = self._read_footer(path, size, 0)
         rgs = [md.row_group(i) for i in range(md.num_row_groups)]
-        info = FileInfo(path=path, size=size, row_groups=tuple(rg.num_rows for rg in rgs),
-                        row_group_bytes=tuple(rg.total_byte_size for rg in rgs), footer=md.serialized_size)
+        info = Footer(path=path, size=size, row_groups=tuple(rg.num_rows for rg in rgs),
+                      row_group_bytes=tuple(rg.total_byte_size for rg in rgs), footer=md.serialized_size)
         return info, md.schema.to_arrow_schema()
 
     def _cat(self, path: str, start: int, end: int) -> bytes:

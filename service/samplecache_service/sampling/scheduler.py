@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Protocol, TypeVar
 import lmdb
 
 from samplecache_service.config.settings import Settings
-from samplecache_service.remote.discovery import Discovery, quarantined
+from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.planner import Pick, Planner, Slot, Unit, build_units, unit_current
 from samplecache_service.remote.stores import ErrorKind, RemoteError, classify_error
 from samplecache_service.sampling.backoff import Backoff
@@ -102,7 +102,7 @@ class Scheduler:
             return None
         files = self.catalog.files()
         given_up = set(self.given_up)
-        return self.planner.coverage(lambda u: bool(files.get(u.path, {}).get("quarantined"))
+        return self.planner.coverage(lambda u: u.path in files and files[u.path].quarantined
                                      or (u.path, u.row_group) in given_up,
                                      hash((self.catalog.files_version, frozenset(given_up))))
 
@@ -196,15 +196,14 @@ class Scheduler:
     def _settled(self, unit: Unit) -> bool:
         """Nothing to sample for ``unit``: resident from an earlier pass, its file quarantined or re-planned."""
         info = self.catalog.file(unit.path)
-        return bool(self.catalog.unit_resident(unit.path, unit.row_group) or info.get("quarantined")
-                    or not unit_current(unit, info))
+        return self.catalog.unit_resident(unit.path, unit.row_group) or info.quarantined or not unit_current(unit, info)
 
     def _fill(self) -> None:
         assert self.planner is not None
         catalog = self.catalog
         if self._files_seen != catalog.files_version:
             self._files_seen = catalog.files_version
-            self.quarantined_units = sum(1 for u in self.planner.units if catalog.file(u.path).get("quarantined")
+            self.quarantined_units = sum(1 for u in self.planner.units if catalog.file(u.path).quarantined
                                          or not unit_current(u, catalog.file(u.path)))
         self.paused_reason = self._why_not_sample()
         if self.paused_reason is not None:
@@ -232,7 +231,7 @@ class Scheduler:
     def _paced_submit(self, pick: Pick) -> bool:
         """Send ``pick`` to a sampler if the pace allows it (else say why in ``paused_reason``)."""
         info = self.catalog.file(pick.unit.path)
-        sizes = info.get("row_group_bytes") or []
+        sizes = info.row_group_bytes or ()
         size = int(sizes[pick.unit.row_group]) if pick.unit.row_group < len(sizes) else 0
         committed = self.catalog.resident_bytes + self._ingesting + self.traffic.out_bytes() + \
             sum(r.bytes for r in list(self._held))
@@ -250,7 +249,7 @@ class Scheduler:
             staging_dir=str(self.settings.staging_dir), block_bytes=int(self.settings.block_bytes),
             unit=pick.position, cycle=pick.cycle, row_groups=pick.unit.row_groups,
             part_bytes=self.settings.part_bytes, arrow_schema=self.discovery.target_text() if self.discovery else None,
-            file_size=int(info.get("size") or 0), footer_bytes=int(info.get("footer") or 0)))
+            file_size=info.size or 0, footer_bytes=info.footer or 0))
         return True
 
     def _finish(self, pick: Pick | Slot) -> None:
@@ -405,9 +404,10 @@ class Scheduler:
         log.error("%s", self.disk_full, extra={"event": "disk_full"})
 
     def quarantine(self, path: str, reason: str, kind: ErrorKind = ErrorKind.CORRUPT) -> None:
-        if self.catalog.file(path).get("quarantined"):
+        info = self.catalog.file(path)
+        if info.quarantined:
             return
-        self.writer.put_files({path: quarantined(reason, self.catalog.file(path), kind=kind)})
+        self.writer.put_files({path: info.quarantine(reason, kind)})
         log.warning("quarantined %s: %s", path, reason,
                     extra={"event": "file_quarantined", "path": path, "error_class": kind})
 

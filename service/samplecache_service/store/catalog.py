@@ -5,7 +5,7 @@ Layout of the LMDB environment (``<cache-dir>/lmdb``):
 * ``records``: record_key(shard id, block) -> encoded block (samplecache.format.record)
 * ``shards``:  shard id (8 bytes BE) -> shard JSON
 * ``epochs``:  epoch (8 bytes BE) -> sealed manifest JSON
-* ``files``:   remote path -> file JSON (row groups, quarantine)
+* ``files``:   remote path -> file JSON (row groups, quarantine: store/fileinfo.py)
 * ``meta``:    b"format", b"source", b"schema", b"cursor", b"next_shard"
 
 Only ``writer.py`` writes; this module reads the environment once at start and
@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import lmdb
 
 from samplecache.format.manifest import compact
+from samplecache_service.store.fileinfo import FileInfo
 
 DBS = (b"records", b"shards", b"epochs", b"files", b"meta")
 MANIFEST_CACHE = 8
@@ -66,7 +67,7 @@ class CatalogState:
     shards: "OrderedDict[int, Shard]" = field(default_factory=OrderedDict)
     keys: set[str] = field(default_factory=set)
     epochs: list[int] = field(default_factory=list)
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    files: dict[str, FileInfo] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -112,7 +113,7 @@ class Catalog:
         self._summaries = {e: v for e, v in self._summaries.items() if e in kept}
         with self.env.begin(buffers=False) as txn:
             for k, v in txn.cursor(db=self.dbs[b"files"]):
-                st.files[k.decode()] = json.loads(v)
+                st.files[k.decode()] = FileInfo.from_json(v)
         self.resident_bytes = sum(s.bytes for s in st.shards.values())
         self.resident_rows = sum(s.rows for s in st.shards.values())
         self._units.update((s.path, s.row_group) for s in st.shards.values())
@@ -150,7 +151,7 @@ class Catalog:
         with self._lock:
             return list(self._state.epochs)
 
-    def files(self) -> dict[str, dict[str, Any]]:
+    def files(self) -> dict[str, FileInfo]:
         with self._lock:
             return dict(self._state.files)
 
@@ -245,11 +246,12 @@ class Catalog:
         with self._lock:
             self._state.meta[key] = value
 
-    def set_file(self, path: str, info: dict[str, Any]) -> None:
+    def set_file(self, path: str, info: FileInfo) -> None:
         with self._lock:
             self._state.files[path] = info
             self.files_version += 1
 
-    def file(self, path: str) -> dict[str, Any]:
+    def file(self, path: str) -> FileInfo:
+        """``path``'s record; a path not discovered (yet) reads as an empty one."""
         with self._lock:
-            return self._state.files.get(path, {})
+            return self._state.files.get(path) or FileInfo()

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import lmdb
 
@@ -22,6 +22,7 @@ from samplecache.format.constants import MAX_READERS
 from samplecache.format.record import record_key, verify_block
 from samplecache_service.store.catalog import DBS, SUMMARY_PREFIX, Catalog, Shard, u64
 from samplecache_service.store.eviction import EvictionPlan
+from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.staging import StagingError, read_staged
 
 log = logging.getLogger("samplecache.writer")
@@ -207,10 +208,10 @@ class Writer:
 
         return self.submit(op, after)
 
-    def put_files(self, files: dict[str, dict[str, Any]]) -> "Future[None]":
+    def put_files(self, files: Mapping[str, FileInfo]) -> "Future[None]":
         def op(txn: lmdb.Transaction) -> None:
             for path, info in files.items():
-                txn.put(path.encode(), json.dumps(info).encode(), db=self.dbs[b"files"])
+                txn.put(path.encode(), info.to_json(), db=self.dbs[b"files"])
 
         def after(_: None) -> None:
             for path, info in files.items():
