@@ -39,6 +39,7 @@ from .harness import (
     Row,
     Spec,
     Tally,
+    arrow_xy,
     build_cache,
     cli,
     fmt,
@@ -47,6 +48,7 @@ from .harness import (
     measure,
     missing,
     missing_report,
+    parquet_files,
     print_missing,
     report,
     serve,
@@ -54,7 +56,6 @@ from .harness import (
     text_table,
 )
 from .harness.cli import log
-from .suite import peers as pe
 
 LOADERS = ["samplecache.tf", "tf-pyarrow-batches", "tf-pyarrow-samples"]
 PEERS = LOADERS[1:]
@@ -65,7 +66,7 @@ class ParquetSource:
     """The local Parquet files as shuffled (file, row group) units, rows permuted: a new order each pass."""
 
     def __init__(self, pq_dir: Path, width: int, seed: int = 0) -> None:
-        self.files = [str(f) for f in pe.parquet_files(pq_dir)]
+        self.files = [str(f) for f in parquet_files(pq_dir)]
         self.units = [(fi, rg) for fi, f in enumerate(self.files) for rg in range(pq.ParquetFile(f).num_row_groups)]
         self.width, self.seed, self.epoch = width, seed, 0
 
@@ -75,7 +76,7 @@ class ParquetSource:
         for k in np.random.default_rng([self.seed, epoch]).permutation(len(self.units)).tolist():
             fi, rg = self.units[k]
             table = pq.ParquetFile(self.files[fi], memory_map=True).read_row_group(rg, columns=["x", "y"])
-            xs, ys = pe.arrow_xy(table, self.width)
+            xs, ys = arrow_xy(table, self.width)
             perm = np.random.default_rng([self.seed, epoch, k]).permutation(len(ys))
             yield xs[perm], ys[perm]
 

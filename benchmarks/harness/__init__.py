@@ -7,8 +7,9 @@ Modules (each documents its part; the names below are re-exported here):
               width, batch, seed, rows per file; ``.payload``, ``.params()``), ``make_specs(n_small, n_large,
               quick)`` (SMALL 256 B uint8 / LARGE 1 MiB float32), ``Check`` (the x checksum per sample, block,
               batch), ``write_parquet(spec, open_file)`` (any writable opener; returns ``{"samples", "y_sum",
-              "x_check", "files"}``), ``generate(spec, root, log)`` (local, reused), ``read_json``,
-              ``write_json``, ``MB`` (10**6), ``BENCH_FORMAT``, ``LARGE_STRIDE``.
+              "x_check", "files"}``), ``generate(spec, root, log)`` (local, reused),
+              ``parquet_files(dir)`` and ``arrow_xy(table, width)`` (the files and their rows read back),
+              ``read_json``, ``write_json``, ``MB`` (10**6), ``BENCH_FORMAT``, ``LARGE_STRIDE``.
 * ``daemon``  the real daemon: ``start_daemon(source, cache, samplers=, max_bytes=, log_path=, extra=, env=,
               ready=)`` -> ``DaemonProcess``, ``stop_daemon(d)``, ``wait_samples(d, n, log, name=, budget=)``,
               ``wait_idle(d, t0)``, ``fetch_epoch(d, 0)``, ``all_shards(d)``, ``http_json``, ``http_get``;
@@ -65,8 +66,10 @@ from .data import (
                      MB,
                      Check,
                      Spec,
+                     arrow_xy,
                      generate,
                      make_specs,
+                     parquet_files,
                      read_json,
                      write_json,
                      write_parquet,
@@ -89,11 +92,12 @@ from .s3 import row_group_ranges, s3_server, s3fs_options, upload
 from .verify import Row, Tally, batches_pass, fail, lmdb_check, lmdb_scan, measure, release_cache
 
 __all__ = [
-    "BENCH_FORMAT", "LARGE_STRIDE", "MB", "NEEDS", "Check", "Missing", "Row", "Spec", "Tally", "all_shards",
+    "BENCH_FORMAT", "LARGE_STRIDE", "MB", "NEEDS", "Check", "Missing", "Row", "Spec", "Tally", "all_shards", "arrow_xy",
     "batches_pass", "build_cache", "common", "exit_code", "fail", "fetch_epoch", "find_tool", "finish", "fmt",
     "generate", "host", "http_get", "http_json", "human", "ints", "lmdb_check", "lmdb_scan", "load_note", "loadavg",
     "loader_sizes", "log", "machine", "make_specs", "measure", "missing", "missing_lines", "missing_report",
-    "parse_size", "parser", "print_missing", "read_json", "release_cache", "require", "row_group_ranges",
-    "rows_json", "s3_server", "s3fs_options", "serve", "sizes", "start_daemon", "stop_daemon", "subset",
-    "text_table", "upload", "versions", "wait_idle", "wait_samples", "write_json", "write_parquet", "write_report",
+    "parquet_files", "parse_size", "parser", "print_missing", "read_json", "release_cache", "require",
+    "row_group_ranges", "rows_json", "s3_server", "s3fs_options", "serve", "sizes", "start_daemon", "stop_daemon",
+    "subset", "text_table", "upload", "versions", "wait_idle", "wait_samples", "write_json", "write_parquet",
+    "write_report",
 ]

@@ -137,6 +137,18 @@ def write_parquet(spec: Spec, open_file: Callable[[str], AbstractContextManager[
     return {"samples": spec.samples, "y_sum": y_sum, "x_check": x_check, "files": files}
 
 
+def parquet_files(pq_dir: Path) -> list[Path]:
+    """The generated Parquet files of a dataset, in file order."""
+    return sorted(pq_dir.glob("*.parquet"))
+
+
+def arrow_xy(table: pa.Table, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x (n, width), y (n,)) of a table read back from those files, x without a copy where Arrow allows it."""
+    x = table.column("x").combine_chunks()
+    flat = x.values.to_numpy(zero_copy_only=True) if x.offset == 0 else x.flatten().to_numpy()
+    return flat.reshape(len(x), width), table.column("y").to_numpy()
+
+
 def read_json(path: Path) -> Any:
     """The JSON in ``path``, or None when it is missing or unreadable."""
     try:

@@ -68,6 +68,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from ..harness import arrow_xy, parquet_files
+
 CONVERT_FORMAT = 2            # bump when a converter's output changes
 SHARD_BYTES = 64 << 20        # target size of one shard / chunk of the peer formats (their usual 64 MB)
 MIN_SHARDS = 8                # ... but at least this many, so that two workers both get work
@@ -75,22 +77,12 @@ MIN_SHARDS = 8                # ... but at least this many, so that two workers 
 
 # --- the data, row group by row group ------------------------------------------------------------
 
-def parquet_files(pq_dir: Path) -> list[Path]:
-    return sorted(pq_dir.glob("*.parquet"))
-
-
 def iter_row_groups(pq_dir: Path, width: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(x (n, width), y (n,)) of every row group of the Parquet files, in file order."""
     for f in parquet_files(pq_dir):
         pf = pq.ParquetFile(f, memory_map=True)
         for rg in range(pf.num_row_groups):
             yield arrow_xy(pf.read_row_group(rg, columns=["x", "y"]), width)
-
-
-def arrow_xy(table: Any, width: int) -> tuple[np.ndarray, np.ndarray]:
-    x = table.column("x").combine_chunks()
-    flat = x.values.to_numpy(zero_copy_only=True) if x.offset == 0 else x.flatten().to_numpy()
-    return flat.reshape(len(x), width), table.column("y").to_numpy()
 
 
 def per_shard(samples: int, payload: int) -> int:

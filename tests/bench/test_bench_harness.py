@@ -13,11 +13,13 @@ from benchmarks.harness import (
     Check,
     Row,
     Spec,
+    arrow_xy,
     exit_code,
     human,
     missing,
     missing_lines,
     missing_report,
+    parquet_files,
     parse_size,
     require,
     text_table,
@@ -91,4 +93,21 @@ def test_write_parquet_truth(tmp_path: Path) -> None:
         ysum += int(t.column("y").to_numpy().sum())
         xsum += check.block(xs)
     assert n == 1000 and ysum > 0 and xsum > 0
+    assert (n, ysum, xsum) == (truth["samples"], truth["y_sum"], truth["x_check"])
+
+
+def test_read_back_matches_the_truth(tmp_path: Path) -> None:
+    """``parquet_files`` + ``arrow_xy`` (what the suite's peers and tf_feed read) give back the written truth, also
+    for a table sliced at an offset (the copying path)."""
+    spec = Spec("small", 1000, 100, "uint8", 256, 64, seed=3, rows_per_file=400)
+    truth = write_parquet(spec, lambda name: open(tmp_path / name, "wb"))
+    files = parquet_files(tmp_path)
+    assert [f.name for f in files] == sorted(f.name for f in tmp_path.glob("*.parquet")) and len(files) == 3
+    check, n, ysum, xsum = Check(spec), 0, 0, 0
+    for f in files:
+        t = pq.read_table(f)
+        for part in (t.slice(0, 7), t.slice(7)):
+            xs, ys = arrow_xy(part, spec.width)
+            assert xs.shape == (part.num_rows, 256) and ys.shape == (part.num_rows,)
+            n, ysum, xsum = n + len(ys), ysum + int(ys.sum()), xsum + check.block(xs)
     assert (n, ysum, xsum) == (truth["samples"], truth["y_sum"], truth["x_check"])
