@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PACKAGES = [REPO / "service" / "samplecache_service", REPO / "client" / "samplecache",
-            REPO / "client" / "samplecache_tools"]
+            REPO / "client" / "samplecache_tools", REPO / "benchmarks"]
 
 
 def lint_imports(cwd: Path, pythonpath: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -40,11 +40,14 @@ def test_import_contracts_hold() -> None:
     ("client/samplecache/reading/partition.py", "import samplecache_service.daemon", "never imports the daemon"),
     # the wire format importing a side
     ("client/samplecache/format/nested.py", "from samplecache.api import client", "imports neither side"),
+    # one benchmark reaching into another's package, or the harness into a benchmark
+    ("benchmarks/tf_feed.py", "from benchmarks.suite import peers", "stands alone"),
+    ("benchmarks/harness/data.py", "from benchmarks.ingest import report", "stands alone"),
 ])
 def test_a_crossed_layer_breaks_a_contract(tmp_path: Path, module: str, line: str, broken: str) -> None:
     """The contracts are not vacuous: one violating import in a copy of the tree makes lint-imports fail, naming
     the contract and the import."""
-    for top in ("client", "service"):
+    for top in ("client", "service", "benchmarks"):
         shutil.copytree(REPO / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__", "swagger_ui"))
     target = tmp_path / module
     target.write_text(target.read_text() + f"\n{line}\n")
