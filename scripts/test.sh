@@ -28,7 +28,7 @@ PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q
 # tests/client/test_arrays.py runs the README's JAX example on CPU: the `jax` extra (jax + jaxlib + scipy, ~0.5 GB,
 # ~30 s; leaves numpy and torch be)
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[jax]"
-# tests/bench/test_fidelity.py: benchmarks/fidelity/main.py draws its plots with matplotlib, the `bench` extra
+# tests/bench/test_fidelity.py: benchmarks/fidelity/plots.py draws the plots with matplotlib, the `bench` extra
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[bench]"
 # tests/client/test_dali.py: samplecache.dali needs NVIDIA DALI, the `dali` extra (nvidia-dali-cuda120, a 425 MB wheel that
 # runs CPU-only pipelines too: ~30 s; leaves numpy and torch be)

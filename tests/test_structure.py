@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -68,3 +69,14 @@ def test_every_module_opens_with_its_purpose() -> None:
     missing = [str(p.relative_to(REPO)) for pkg in PACKAGES for p in sorted(pkg.rglob("*.py"))
                if "swagger_ui" not in p.parts and not ast.get_docstring(ast.parse(p.read_text()))]
     assert not missing, missing
+
+
+def test_every_benchmark_is_under_the_harness_contract() -> None:
+    """A new benchmark (a module or a package under benchmarks/) is a sibling in the contract that keeps each one
+    standing alone over the harness, or that contract would not see it."""
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in contracts if c["name"].startswith("Each benchmark stands alone"))
+    listed = {m.strip() for m in layers[0].split("|")}
+    found = {f"benchmarks.{p.stem}" for p in (REPO / "benchmarks").iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__main__.py").is_file()}
+    assert layers[1:] == ["benchmarks.harness"] and listed == found, (listed ^ found)
