@@ -29,6 +29,7 @@ from samplecache_service.remote.columns import infer_schema
 from samplecache_service.remote.stores import FsspecRemote
 from samplecache_service.store.cachedir import map_size_for
 from samplecache_service.store.catalog import Catalog, Shard, u64
+from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.writer import Writer, open_env
 from samplecache_tools.launch import DaemonProcess
 
@@ -160,10 +161,11 @@ def build_cache(spec: CacheSpec, root: Path) -> dict[str, Any]:
             sid = last + 1
         if pending is not None:
             pending.result()
-        files = {p: {"row_groups": [spec.rows] * len(range(k * per_file, min(spec.shards, (k + 1) * per_file))),
-                     "row_group_bytes": [shard_bytes] * len(range(k * per_file, min(spec.shards, (k + 1) * per_file))),
-                     "size": (root / "source" / Path(p).name).stat().st_size, "seq": 1}
-                 for k, p in enumerate(paths)}
+        files: dict[str, FileInfo] = {}
+        for k, p in enumerate(paths):
+            groups = len(range(k * per_file, min(spec.shards, (k + 1) * per_file)))
+            files[p] = FileInfo(row_groups=(spec.rows,) * groups, row_group_bytes=(shard_bytes,) * groups,
+                                size=(root / "source" / Path(p).name).stat().st_size, seq=1)
         writer.put_files(files).result()
         writer.put_meta({"format": FORMAT_VERSION, "source": source, "schema": schema.to_json(),
                          "skipped_columns": skipped, "arrow_schema": str(arrow_schema(spec.width)),

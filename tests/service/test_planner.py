@@ -18,11 +18,14 @@ from samplecache_service.remote.planner import (
     digest,
     node_of,
     segment_order,
+    unit_current,
 )
+from samplecache_service.store.fileinfo import FileInfo
 
 
-def make_files(n_files: int = 5, groups: int = 4, seq0: int = 0, prefix: str = "part") -> dict[str, dict]:
-    return {f"s3://b/{prefix}-{i:03d}.parquet": {"row_groups": [10 + i + g for g in range(groups)], "seq": seq0 + i}
+def make_files(n_files: int = 5, groups: int = 4, seq0: int = 0, prefix: str = "part") -> dict[str, FileInfo]:
+    return {f"s3://b/{prefix}-{i:03d}.parquet": FileInfo(row_groups=tuple(10 + i + g for g in range(groups)),
+                                                         seq=seq0 + i)
             for i in range(n_files)}
 
 
@@ -48,12 +51,26 @@ def finish(p: Planner, picks: list[Pick]) -> None:
 
 
 def test_build_units_order_and_quarantine() -> None:
-    files = {"b": {"row_groups": [5, 6], "seq": 1}, "a": {"row_groups": [1], "seq": 2},
-             "c": {"row_groups": [7], "seq": 1}, "q": {"row_groups": [9], "quarantined": True, "seq": 0}, "e": {}}
+    files = {"b": FileInfo(row_groups=(5, 6), seq=1), "a": FileInfo(row_groups=(1,), seq=2),
+             "c": FileInfo(row_groups=(7,), seq=1), "q": FileInfo(row_groups=(9,), quarantined=True, seq=0),
+             "e": FileInfo()}
     units = build_units(files)
     # discovery sequence first, then path; quarantined files keep their units (indices stay stable)
     assert units == [Unit("q", 0, 9), Unit("b", 0, 5), Unit("b", 1, 6), Unit("c", 0, 7), Unit("a", 0, 1)]
     assert build_units(dict(reversed(list(files.items())))) == units
+
+
+def test_planned_units_are_built_as_planned_and_a_replanned_file_s_old_units_are_not_current() -> None:
+    info = FileInfo(row_groups=(4, 4, 4), units=((0, 2, 8), (2, 1, 4)), seq=1)
+    units = build_units({"f": info})
+    assert units == [Unit("f", 0, 8, 2), Unit("f", 2, 4, 1)]
+    assert all(unit_current(u, info) for u in units)
+    # the file changed and was planned again: units of the old plan are stale, those of the new one current
+    again = FileInfo(row_groups=(4, 4, 4), units=((0, 1, 4), (1, 2, 8)), seq=1)
+    assert not any(unit_current(u, again) for u in units)
+    assert all(unit_current(u, again) for u in build_units({"f": again}))
+    # a record without a plan (older than units): one unit per row group, each current
+    assert all(unit_current(u, FileInfo(row_groups=(4, 4))) for u in build_units({"f": FileInfo(row_groups=(4, 4))}))
 
 
 def test_digest() -> None:

@@ -29,6 +29,7 @@ from samplecache_service.store.budget import Budget
 from samplecache_service.store.catalog import Catalog, Shard
 from samplecache_service.store.disk import DiskSpace
 from samplecache_service.store.eviction import EvictionPlan
+from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.writer import DamagedShard, Ingested, NoRoom, Writer
 
 SOURCE = "s3://bucket/ds"
@@ -50,19 +51,19 @@ class FakeCatalog:
     """What the scheduler reads of the catalog: the file table, meta, and which units are resident."""
 
     def __init__(self) -> None:
-        self._files: dict[str, dict[str, Any]] = {}
+        self._files: dict[str, FileInfo] = {}
         self._meta: dict[str, Any] = {}
         self._units: collections.Counter[tuple[str, int]] = collections.Counter()
         self.files_version = 0
         self.resident_bytes = 0
 
-    def files(self) -> dict[str, dict[str, Any]]:
+    def files(self) -> dict[str, FileInfo]:
         return dict(self._files)
 
-    def file(self, path: str) -> dict[str, Any]:
-        return self._files.get(path, {})
+    def file(self, path: str) -> FileInfo:
+        return self._files.get(path) or FileInfo()
 
-    def set_file(self, path: str, info: dict[str, Any]) -> None:
+    def set_file(self, path: str, info: FileInfo) -> None:
         self._files[path] = info
         self.files_version += 1
 
@@ -97,7 +98,7 @@ class FakeWriter:
         self.outcomes: list[BaseException | None] = []
         self.ingested: list[str] = []  # every ingest call, in order (retries included)
         self.make_rooms: list[Callable[[int], EvictionPlan] | None] = []
-        self.files_put: list[dict[str, dict[str, Any]]] = []
+        self.files_put: list[dict[str, FileInfo]] = []
         self.metas: list[dict[str, Any]] = []
         self._next_id = 1
 
@@ -119,7 +120,7 @@ class FakeWriter:
         fut.set_result(Ingested(shard, ()))
         return fut
 
-    def put_files(self, files: dict[str, dict[str, Any]]) -> "Future[None]":
+    def put_files(self, files: dict[str, FileInfo]) -> "Future[None]":
         self.files_put.append(files)
         for path, info in files.items():
             self.catalog.set_file(path, info)
@@ -169,7 +170,7 @@ class FakeSchema:
 class FakeDiscovery:
     """Lists ``listing`` (path -> file info) into the catalog; the dataset gets a schema at the first success."""
 
-    def __init__(self, catalog: FakeCatalog, listing: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, catalog: FakeCatalog, listing: dict[str, FileInfo]) -> None:
         self.catalog, self.listing = catalog, listing
         self.schema: FakeSchema | None = None
         self.fail: str | None = None
@@ -181,7 +182,7 @@ class FakeDiscovery:
             raise RemoteError(self.fail)
         new = sorted(p for p in self.listing if p not in self.catalog.files())
         for p in new:
-            self.catalog.set_file(p, dict(self.listing[p]))
+            self.catalog.set_file(p, self.listing[p])
         self.schema = FakeSchema()
         return new
 
@@ -190,18 +191,18 @@ class FakeDiscovery:
 
 
 def table(files: int = 1, groups: int = 4, rg_bytes: int = 100, prefix: str = "f", seq: int = 1
-          ) -> dict[str, dict[str, Any]]:
+          ) -> dict[str, FileInfo]:
     """A discovered file table: ``files`` files of ``groups`` row groups of 10 rows and ``rg_bytes`` bytes."""
-    return {f"{SOURCE}/{prefix}{i}.parquet": {
-        "row_groups": [10] * groups, "row_group_bytes": [rg_bytes] * groups,
-        "units": [[g, 1, 10] for g in range(groups)], "size": 5000 + i, "footer": 300, "seq": seq + i}
+    return {f"{SOURCE}/{prefix}{i}.parquet": FileInfo(
+        row_groups=(10,) * groups, row_group_bytes=(rg_bytes,) * groups,
+        units=tuple((g, 1, 10) for g in range(groups)), size=5000 + i, footer=300, seq=seq + i)
         for i in range(files)}
 
 
 class Rig:
     """A scheduler wired to the fakes above."""
 
-    def __init__(self, tmp_path: Path, listing: dict[str, dict[str, Any]] | None = None, samplers: int = 1,
+    def __init__(self, tmp_path: Path, listing: dict[str, FileInfo] | None = None, samplers: int = 1,
                  max_bytes: int = 1 << 30, min_free_disk: int = 1 << 20, **settings: Any) -> None:
         self.tmp_path = tmp_path
         self.settings = Settings(source=SOURCE, cache_dir=tmp_path, samplers=samplers, max_bytes=max_bytes,
@@ -303,7 +304,7 @@ def test_task_carries_the_catalog_file_facts_and_a_unit_key(tmp_path: Path) -> N
     rig.turn()
     t = rig.take()
     info = rig.catalog.file(t.path)
-    assert (t.file_size, t.footer_bytes) == (info["size"], info["footer"])
+    assert (t.file_size, t.footer_bytes) == (info.size, info.footer)
     assert t.source == SOURCE and t.staging_dir == str(rig.settings.staging_dir)
     assert t.part_bytes == rig.settings.part_bytes and t.schema == {"fields": []}
     assert t.key.startswith(f"c{t.cycle}-u{t.unit}-")
@@ -532,7 +533,7 @@ def test_sampler_death_is_retried_never_quarantined(tmp_path: Path) -> None:
         # what Supervisor._replace reports for the task of a sampler process that died
         rig.fail("transient", "sampler process died with exit code -9")
         rig.turn()
-        assert rig.writer.files_put == [] and not rig.catalog.file(rig.samplers.submitted[0].path).get("quarantined")
+        assert rig.writer.files_put == [] and not rig.catalog.file(rig.samplers.submitted[0].path).quarantined
         assert rig.sched.unit_failures["transient"] == attempt
         wait_and_resubmit(rig, rig.settings.retry_seconds * 2 ** (attempt - 1))
 
@@ -544,7 +545,7 @@ def test_corrupt_read_confirmed_quarantines_the_file(tmp_path: Path) -> None:
     first = rig.fail("corrupt", "ArrowInvalid: bad thrift")
     rig.turn()
     assert rig.writer.files_put == []  # one unparsable read is not enough ...
-    assert not rig.catalog.file(first.path).get("quarantined")
+    assert not rig.catalog.file(first.path).quarantined
     wait_and_resubmit(rig, 1.0)  # ... it is read again soon to confirm
     assert rig.samplers.queue[-1].key == first.key
     while rig.take().key != first.key:
@@ -554,8 +555,8 @@ def test_corrupt_read_confirmed_quarantines_the_file(tmp_path: Path) -> None:
     rig.turn()
     assert len(rig.writer.files_put) == 1 and list(rig.writer.files_put[0]) == [first.path]
     info = rig.catalog.file(first.path)
-    assert info["quarantined"] and info["kind"] == "corrupt" and "bad thrift" in info["reason"]
-    assert info["row_groups"] == [10, 10]  # the file's facts are kept
+    assert info.quarantined and info.kind == "corrupt" and "bad thrift" in info.reason
+    assert info.row_groups == (10, 10) and info.size == 5000  # the file's facts are kept
     assert rig.sched.quarantined_units == 2  # both units of the file
     assert rig.sched.unit_failures["corrupt"] == CORRUPT_CONFIRMATIONS
     rig.turn(3)
@@ -584,7 +585,7 @@ def test_schema_mismatch_quarantines_at_once(tmp_path: Path) -> None:
     t = rig.fail("schema", "SchemaConflict: uint64 beyond int64")
     rig.turn()
     info = rig.catalog.file(t.path)
-    assert info["quarantined"] and info["kind"] == "schema"
+    assert info.quarantined and info.kind == "schema"
     assert rig.writer.metas and rig.writer.metas[-1]["cursor"]["cycle"] == 0
     assert rig.sched.complete
     rig.turn()
@@ -597,7 +598,7 @@ def test_quarantining_a_quarantined_file_writes_nothing(tmp_path: Path) -> None:
     path = rig.take().path
     rig.sched.quarantine(path, "first")
     rig.sched.quarantine(path, "second")
-    assert len(rig.writer.files_put) == 1 and rig.catalog.file(path)["reason"] == "first"
+    assert len(rig.writer.files_put) == 1 and rig.catalog.file(path).reason == "first"
 
 
 # ----------------------------------------------------------------------------- ingest

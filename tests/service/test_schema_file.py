@@ -161,11 +161,11 @@ def test_discovery_takes_the_pinned_schema_and_quarantines_what_does_not_fit(
     assert disc.target is not None and disc.target.equals(normalize(PINNED)), disc.target
     assert disc.schema is not None and disc.schema.names == ["id", "x", "t", "ts"]
     files = {Path(p).name: info for p, info in catalog.files().items()}
-    assert not files["a.parquet"].get("quarantined")
+    assert not files["a.parquet"].quarantined
     b, c = files["b.parquet"], files["c.parquet"]
-    assert b["quarantined"] and b["kind"] == "schema" and c["quarantined"] and c["kind"] == "schema"
-    assert "column 'x' is string in this file and double" in b["reason"], b["reason"]
-    assert "column 'id' is double in this file; --schema-file has int64" in c["reason"], c["reason"]
+    assert b.quarantined and b.kind == "schema" and c.quarantined and c.kind == "schema"
+    assert "column 'x' is string in this file and double" in b.reason, b.reason
+    assert "column 'id' is double in this file; --schema-file has int64" in c.reason, c.reason
     # the schema the sampling tasks carry is the pinned one, stored with the cache
     assert catalog.meta("arrow_schema_ipc") == to_text(disc.target)
 
@@ -216,9 +216,9 @@ def test_a_pin_no_file_fits_is_not_adopted_and_a_start_without_it_works(tmp_path
     assert str(ei.value).startswith(f"no readable Parquet file under source 'file://{src}': schema: column 'id' "
                                     f"is int64 in this file and string in the dataset's schema"), ei.value
     assert disc.schema is None and catalog.meta("schema") is None and catalog.meta("arrow_schema_ipc") is None
-    assert all(f["quarantined"] and f["kind"] == "schema" for f in catalog.files().values()), catalog.files()
+    assert all(f.quarantined and f.kind == "schema" for f in catalog.files().values()), catalog.files()
 
     again = Discovery(FsspecRemote(f"file://{src}"), catalog, writer, None)
     assert sorted(Path(p).name for p in again.run()) == ["0.parquet", "1.parquet"]
     assert again.schema is not None and again.target is not None and again.target.field("id").type == pa.int64()
-    assert not any(f.get("quarantined") for f in catalog.files().values()), catalog.files()
+    assert not any(f.quarantined for f in catalog.files().values()), catalog.files()
