@@ -40,6 +40,7 @@ TYPES = {  # family (as the parser names it: counters without _total) -> type
     "samplecache_remote_needed_bytes": "counter", "samplecache_pacing_allowance_bytes": "gauge",
     "samplecache_sampler_state": "gauge", "samplecache_sampler_processes": "gauge",
     "samplecache_sampler_tasks": "gauge", "samplecache_sampler_restarts": "counter",
+    "samplecache_sampler_start_failures": "counter",
     "samplecache_sampler_errors": "counter",
     "samplecache_sampler_units_given_up": "counter", "samplecache_remote_errors": "counter",
     "samplecache_quarantined_files": "gauge", "samplecache_coverage_row_ratio": "gauge",
@@ -158,6 +159,8 @@ def test_metrics_agree_with_status_and_counters_grow_while_ingesting(daemon: Any
     assert m.value("samplecache_ingest_seconds_count") == m.value("samplecache_ingested_shards_total") > 0
     assert 0 < m.value("samplecache_ingest_seconds_sum") < 60 * m.value("samplecache_ingest_seconds_count")
     assert m.value("samplecache_sampler_restarts_total") == s["sampler"]["restarts"]
+    assert m.value("samplecache_sampler_start_failures_total") == s["sampler"]["start_failures"] == 0
+    assert m.value("samplecache_sampler_state", state="crash loop") == 0
     assert m.value("samplecache_sampler_processes") == s["sampler"]["processes"] == 1
     assert m.value("samplecache_sampler_state", state="paused") == 1 and s["sampler"]["state"] == "paused"
     assert m.total("samplecache_sampler_errors_total") == sum(s["health"]["unit_failures"].values())
@@ -249,6 +252,14 @@ def test_every_family_follows_the_naming_conventions(live: Scrape) -> None:
             if any(not re.fullmatch(r"[a-z_]+", label) for label in s.labels):
                 problems.append(f"{name}: label names {sorted(s.labels)}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_family_is_in_docs_metrics_md(live: Scrape) -> None:
+    doc = (REPO / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"^\| `(samplecache_[a-z0-9_]+)` \|", doc, re.M))
+    scraped = {name + ("_total" if f.type == "counter" else "") for name, f in live.families.items()
+               if name.startswith("samplecache_")}
+    assert not scraped - documented, f"metrics missing from docs/metrics.md: {sorted(scraped - documented)}"
 
 
 def test_the_grafana_dashboard_names_only_scraped_metrics(live: Scrape) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from samplecache_service.config.settings import Settings
 from samplecache_service.remote.discovery import Discovery
+from samplecache_service.remote.planner import Planner
 from samplecache_service.remote.stores import RemoteError
 from samplecache_service.sampling.backoff import JITTER, MAX_UNIT_BACKOFF
 from samplecache_service.sampling.pacing import Pacer
@@ -153,6 +154,7 @@ class FakeSamplers:
         self.size = size
         self.queue: list[SampleTask] = []
         self.submitted: list[SampleTask] = []
+        self.crashing: str | None = None
 
     def submit(self, task: SampleTask) -> None:
         self.queue.append(task)
@@ -160,6 +162,9 @@ class FakeSamplers:
 
     def pending(self) -> int:
         return len(self.queue)
+
+    def crash_loop(self) -> str | None:
+        return self.crashing
 
 
 class FakeSchema:
@@ -309,6 +314,18 @@ def test_task_carries_the_catalog_file_facts_and_a_unit_key(tmp_path: Path) -> N
     assert t.part_bytes == rig.settings.part_bytes and t.schema == {"fields": []}
     assert t.key.startswith(f"c{t.cycle}-u{t.unit}-")
     assert len({x.key for x in rig.samplers.submitted}) == 2
+
+
+def test_samplers_in_a_crash_loop_are_the_state_whatever_else_holds(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.sched.planner = cast(Planner, object())  # planned: state() reads no more of it
+    assert rig.sched.state() == "sampling"
+    rig.samplers.crashing = "sampler processes crash at start"
+    assert rig.sched.state() == "crash loop"
+    rig.sched.paused_reason = "paused by request"
+    assert rig.sched.state() == "crash loop"
+    rig.samplers.crashing = None
+    assert rig.sched.state() == "paused"
 
 
 def test_failed_discovery_is_remote_error_and_is_retried_after_retry_seconds(tmp_path: Path) -> None:

@@ -3,17 +3,20 @@ result + replacement, stop)."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 from paths import SUPPORT
-from supervisor_targets import close_fds_then_exit, crash_or_echo, echo, make_task, sleep_then_echo
+from supervisor_targets import BROKEN_IMPORT, close_fds_then_exit, crash_or_echo, echo, make_task, sleep_then_echo
 
+from samplecache_service.sampling.respawn import RespawnPolicy
 from samplecache_service.sampling.sampler import SampleResult
 from samplecache_service.sampling.supervisor import Supervisor
 
@@ -119,6 +122,7 @@ def test_worker_death_is_a_failed_result_and_the_worker_is_replaced(pools: list[
     assert boom.error is not None and "exit code" in boom.error and "died" in boom.error
     assert boom.error_kind == "transient"
     assert sup.restarts == 1
+    assert sup.start_failures == 0 and sup.crash_loop() is None  # it died in a task, after a clean start
     after = [by_key[f"after{i}"] for i in range(3)]
     assert all(r.ok for r in after)
     new_pid = after[0].extra["pid"]
@@ -215,3 +219,48 @@ def test_a_failing_result_handler_does_not_kill_the_pool(pools: list[Supervisor]
 def test_pool_size_is_at_least_one() -> None:
     assert Supervisor(0, lambda r: None, target=echo).size == 1
     assert Supervisor(-3, lambda r: None, target=echo).size == 1
+
+
+def _until(cond: Callable[[], object], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"not true after {timeout}s"
+        time.sleep(0.02)
+
+
+def test_samplers_that_die_at_start_are_restarted_with_backoff_a_crash_loop_and_recover(
+        pools: list[Supervisor], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    broken = tmp_path / "broken"
+    broken.touch()
+    monkeypatch.setenv(BROKEN_IMPORT, str(broken))  # every new sampler dies importing its target (exit code 1)
+    policy = RespawnPolicy(first_delay=0.25, max_delay=2.0, loop_failures=4, loop_window=30.0)
+    results = Results()
+    sup = Supervisor(2, results, target=echo, respawn=policy)
+    pools.append(sup)
+    caplog.set_level(logging.INFO, logger="samplecache.supervisor")
+    sup.start()
+    sup.submit(make_task("waits"))
+    _until(lambda: sup.crash_loop() is not None)
+    problem = sup.problem()
+    assert problem is not None and "crash at start" in problem and "exited with code 1 before it was ready" in problem
+    _until(lambda: [getattr(r, "event", None) for r in caplog.records].count("sampler_crash_loop") == 1)
+    # backed off, not respawned at once: two slots over 3 s at the 2 s cap start at most 2 x 2 more
+    _until(lambda: sup.respawn.in_a_row >= 8)
+    before, t0 = sup.start_failures, time.monotonic()
+    time.sleep(3.0)
+    assert sup.start_failures - before <= 2 * (int((time.monotonic() - t0) / policy.max_delay) + 1)
+    delays = [float(r.getMessage().rsplit(" in ", 1)[1].rstrip("s")) for r in caplog.records
+              if getattr(r, "event", None) == "sampler_start_failed"]
+    assert delays[:3] == [0.25, 0.5, 1.0] and max(delays) == policy.max_delay
+    assert results.items == []  # the queued task waits for a sampler that starts: it is not failed
+    assert sup.pending() == 1
+    broken.unlink()  # the install is repaired: the next start is clean
+    _until(lambda: sup.crash_loop() is None)
+    assert sup.problem() is None and sup.respawn.in_a_row == 0
+    _until(lambda: any(getattr(r, "event", None) == "sampler_crash_loop_ended" for r in caplog.records))
+    assert [getattr(r, "event", None) for r in caplog.records].count("sampler_crash_loop") == 1
+    done = results.wait(1)[0]
+    assert done.ok and done.task.key == "waits"
+    _until(lambda: len(_worker_pids(sup)) == 2)  # both slots are back
+    assert sup.stop() == []

@@ -11,7 +11,13 @@ from __future__ import annotations
 import os
 import time
 
-from samplecache_service.sampling.sampler import SampleResult, SampleTask
+# A new process cannot import this module while the file this variable names exists: a broken install under a
+# running daemon (a broken pyarrow). The test process imported it before, so only new samplers die at start.
+BROKEN_IMPORT = "SUPERVISOR_TARGETS_BROKEN_IMPORT"
+if os.path.exists(os.environ.get(BROKEN_IMPORT, "/nonexistent")):
+    raise ImportError("supervisor_targets: simulated broken install")
+
+from samplecache_service.sampling.sampler import SampleResult, SampleTask  # noqa: E402
 
 
 def make_task(key: str, path: str = "", row_group: int = 0) -> SampleTask:

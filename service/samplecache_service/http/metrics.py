@@ -47,7 +47,7 @@ PREFIX = "samplecache_"
 ERROR_CLASSES = tuple(k.value for k in ErrorKind)  # every class has its series from the start
 EVICTION_REASONS = ("ingest", "config")  # writer.Writer.evicted
 QUARANTINE_KINDS = (ErrorKind.CORRUPT.value, ErrorKind.SCHEMA.value)
-SAMPLER_STATES = ("discovering", "sampling", "paused", "remote error")  # status.sampler_state
+SAMPLER_STATES = ("discovering", "sampling", "paused", "remote error", "crash loop")  # Scheduler.state
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # any other: "other"
 UNMATCHED = "unmatched"  # the route label of a path no route matches (raw paths would be unbounded)
 INGEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -133,6 +133,8 @@ class DaemonCollector:
         yield _gauge("sampler_processes", "Sampler processes", d.supervisor.size)
         yield _gauge("sampler_tasks", "Sampling tasks queued or running", d.supervisor.pending())
         yield _counter("sampler_restarts", "Sampler processes that died and were replaced", d.supervisor.restarts)
+        yield _counter("sampler_start_failures", "Sampler processes that died before they were ready (started again "
+                       "with a backoff)", d.supervisor.start_failures)
         yield _by(CounterMetricFamily(PREFIX + "sampler_errors", "Failed sampling tasks, by class", labels=["class"]),
                   _every(ERROR_CLASSES, dict(s.unit_failures)))
         yield _counter("sampler_units_given_up", "Remote units given up for a pass after failing again and again",

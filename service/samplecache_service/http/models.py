@@ -57,11 +57,12 @@ class EpochSummary(BaseModel):
 
 
 class SamplerStatus(BaseModel):
-    state: str = Field(description="discovering | sampling | paused | remote error")
-    reason: str | None = Field(None, description="Why sampling is paused")
+    state: str = Field(description="discovering | sampling | paused | remote error | crash loop")
+    reason: str | None = Field(None, description="Why sampling is paused, or why the samplers crash at start")
     processes: int
     in_flight: int
     restarts: int
+    start_failures: int = Field(0, description="Sampler processes that died before they were ready, since start")
 
 
 class IngestStatus(BaseModel):

@@ -37,7 +37,7 @@ CSS = """
 background:var(--bg)}header,main,footer{max-width:1280px;margin:0 auto;padding:12px 20px}
 header h1{margin:0;font-size:22px}header p{margin:4px 0;color:var(--muted)}code{font-size:13px}
 .state{font-weight:600;padding:1px 8px;border-radius:10px;background:#ddf4ff;color:var(--c1)}
-.state.paused,.state.remote{background:#fff8c5;color:#7d4e00}
+.state.paused,.state.remote,.state.crash{background:#fff8c5;color:#7d4e00}
 .problems{background:#ffebe9;border:1px solid #ff818266;border-radius:6px;padding:8px 14px;margin:8px 0}
 .problems li{color:var(--bad)}
 .tiles{display:grid;grid-template-columns:repeat(auto-fill,minmax(180px,1fr));gap:10px;margin:10px 0}

@@ -49,6 +49,8 @@ class Samplers(Protocol):
 
     def pending(self) -> int: ...
 
+    def crash_loop(self) -> str | None: ...
+
 
 class Scheduler:
     def __init__(self, settings: Settings, catalog: Catalog, writer: Writer, disk: DiskSpace, traffic: Traffic,
@@ -90,9 +92,11 @@ class Scheduler:
         return self.discovery.schema if self.discovery else None
 
     def state(self) -> str:
-        """discovering | remote error | paused | sampling"""
+        """discovering | remote error | crash loop | paused | sampling"""
         if self.planner is None:
             return "discovering" if self.last_error is None else "remote error"
+        if self.supervisor.crash_loop():  # samplers die at start: nothing samples, whatever else holds
+            return "crash loop"
         return "paused" if self.paused_reason else "sampling"
 
     def coverage(self) -> dict[str, Any] | None:
