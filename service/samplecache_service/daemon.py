@@ -14,7 +14,7 @@ from typing import Any
 from samplecache_service.config.redact import redact
 from samplecache_service.config.settings import MIN_BUDGET, Settings
 from samplecache_service.epochs.jobs import JobTable
-from samplecache_service.epochs.leases import Lease, LeaseTable
+from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.epochs.leasing import Leasing
 from samplecache_service.epochs.manager import EpochManager
 from samplecache_service.errors import NotFound
@@ -83,8 +83,8 @@ class Daemon:
         self.writer = Writer(self.env, self.dbs, self.catalog)
         self.disk = DiskSpace(settings.cache_dir, self.env, self.dbs)
         check_identity(self.catalog, self.writer, settings)
-        self.leases = LeaseTable(settings.lease_ttl)
-        self.leases.load(self.catalog.meta("leases", []) or [])
+        self.leases = LeaseTable(settings.lease_ttl, max_leases=settings.max_leases,
+                                 max_per_job=settings.max_leases_per_job)
         self.jobs = JobTable(settings.lease_ttl)
         self.jobs.load(self.catalog.meta("jobs", []) or [])
         self.epochs = EpochManager(self.catalog, self.writer, self.leases, self._manifest_fields,
@@ -95,7 +95,7 @@ class Daemon:
         self.epochs.reuse_key = lambda: (self.max_bytes, self.policy)
         self.epochs.keep_last = settings.epochs_kept
         self.epochs.job_epochs = self.jobs.mapped
-        self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer, self.persist_leases)
+        self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
         self.remote = FsspecRemote(settings.source, settings.storage_options) if settings.source else None
         self.traffic = Traffic(Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate)),
                                lambda: self.remote.bytes_read if self.remote is not None else 0)
@@ -112,7 +112,7 @@ class Daemon:
         self.supervisor = Supervisor(settings.samplers, lambda result: self.scheduler.on_result(result))
         self.scheduler = Scheduler(settings, self.catalog, self.writer, self.disk, self.traffic, self.supervisor,
                                    self.budget, self.discovery, pinned_epochs=self.epochs.pinned_epochs,
-                                   make_room=self.make_room, expire_leases=self.expire_leases, die=self.health.die,
+                                   make_room=self.make_room, expire_leases=self.leasing.expire, die=self.health.die,
                                    source_shown=self.source_shown)
         self.history = History()  # the status page's charts (GET /)
         self.recorder = Recorder(self.catalog, self.budget, self.scheduler, self.traffic, self.history)
@@ -274,25 +274,6 @@ class Daemon:
             self.scheduler.discover_soon()
         return self.scheduler.call(op)
 
-    # -- leases ----------------------------------------------------------------------------------------
-    def expire_leases(self) -> None:
-        gone = self.leases.expire()
-        for lease in gone:
-            log.info("lease %s on epoch %d expired (job %s): its reader stopped heartbeating", lease.id, lease.epoch,
-                     lease.job, extra={"event": "lease_expired", "lease": lease.id, "epoch": lease.epoch,
-                                       "job": lease.job})
-            self.lease_ended(lease)
-        if self.jobs.expire(self.leases.jobs()) or gone:
-            self.persist_leases()
-
-    def lease_ended(self, lease: Lease) -> None:
-        """A lease was released or expired: its reader's samples count for its job's epoch."""
-        self.jobs.add_read(lease.job, lease.job_epoch, lease.read)
-
-    def persist_leases(self) -> "Future[None]":
-        """Queue the lease and job tables for the disk (a restart gives every saved lease a fresh TTL). They are
-        read on the writer thread, so a later snapshot never lands before an earlier one."""
-        return self.writer.put_meta(lambda: {"leases": self.leases.saved(), "jobs": self.jobs.saved()})
 
     # -- reporting -----------------------------------------------------------------------------------
     def _manifest_fields(self) -> dict[str, Any]:

@@ -33,6 +33,14 @@ class Gone(ServiceError):
     """It existed and can no longer be served (an expired lease, an epoch whose shards were evicted)."""
 
 
+class TooMany(ServiceError):
+    """A limit that protects the daemon was reached (leases); asking after ``retry_after`` seconds may succeed."""
+
+    def __init__(self, message: str, retry_after: float = 2.0, **extra: Any) -> None:
+        super().__init__(message, **extra)
+        self.retry_after = retry_after
+
+
 class NotReady(ServiceError):
     """Not possible yet; asking again after ``retry_after`` seconds may succeed."""
 

@@ -208,6 +208,27 @@ def test_no_mutation_succeeds_without_the_token(daemon: Any) -> None:
     assert [x["id"] for x in status_of(d.url)["leases"]] != [lease["id"]]  # released; the one taken just now lives
 
 
+def test_leases_past_the_caps_are_429_and_status_counts_them(daemon: Any) -> None:
+    d = daemon(samplers=1, extra=["--max-leases", "5", "--max-leases-per-job", "2"])
+    sealed(d.url)
+    code, _, body = request(d.url, "POST", "/v1/jobs", {"name": "greedy", "run": RUN}, headers=d.headers)
+    assert code == 200, body
+    code, _, body = request(d.url, "POST", f"/v1/jobs/greedy/epochs/0?run={RUN}&timeout=30", headers=d.headers)
+    assert code == 200, body
+    epoch = json.loads(body)["epoch"]
+    job = {"job": "greedy", "run": RUN, "job_epoch": 0}
+    for _ in range(2):
+        assert request(d.url, "POST", f"/v1/epochs/{epoch}/leases", job, headers=d.headers)[0] == 201
+    refused = request(d.url, "POST", f"/v1/epochs/{epoch}/leases", job, headers=d.headers)
+    problem(refused, 429, "job 'greedy' holds 2 leases", "--max-leases-per-job")
+    assert float(refused[1]["retry-after"]) > 0
+    for _ in range(3):  # leases of no job count for the host only
+        assert request(d.url, "POST", f"/v1/epochs/{epoch}/leases", {}, headers=d.headers)[0] == 201
+    problem(request(d.url, "POST", f"/v1/epochs/{epoch}/leases", {}, headers=d.headers), 429, "--max-leases")
+    st = status_of(d.url)
+    assert (st["leases_live"], st["leases_by_job"], len(st["leases"])) == (5, {"greedy": 2}, 5)
+
+
 # ----------------------------------------------------------------------------------------------- strict input
 def test_bodies_are_strict_and_errors_echo_nothing(daemon: Any) -> None:
     d = daemon(samplers=1)

@@ -2,9 +2,10 @@
 
 A real S3 server (conftest.py) sits behind a byte-counting TCP proxy (byteproxy.py); the daemon reaches S3 only
 through it, so ``proxy.downloaded`` is every byte the daemon fetched (payload and HTTP overhead). Checks:
-- a full cache that nobody reads fetches nothing for 60 s (pacing=epoch, the default);
-- with a reader sealing epochs, the remote bytes per epoch keep to ``replace_per_epoch`` x budget, and the
-  daemon's own ``remote_bytes`` per epoch agree with the wire;
+- a full cache that nobody reads fetches nothing for 60 s (pacing=epoch, the default), even while requests without
+  the token seal epoch after epoch; with the token but no lease, only a bounded number of epochs buy traffic;
+- with a reader sealing epochs and leasing them, the remote bytes per epoch keep to ``replace_per_epoch`` x budget, and
+  the daemon's own ``remote_bytes`` per epoch agree with the wire;
 - pacing=off, by contrast, keeps replacing with no reader at all.
 
 Dataset (own prefix): 4 files x 4 row groups of 256 rows, ``x`` = 1024 random float32 (4 KiB, incompressible),
@@ -42,10 +43,13 @@ LISTING_SLACK = 64 << 10                        # what a full idle cache may sti
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def call(url: str, timeout: float = 60.0) -> tuple[int, Any]:
+def call(url: str, timeout: float = 60.0, method: str = "GET",
+         headers: dict[str, str] | None = None) -> tuple[int, Any]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
+        req = urllib.request.Request(url, method=method, headers=headers or {})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else None
     except urllib.error.HTTPError as e:
         return e.code, e.read()[:500]
 
@@ -56,10 +60,17 @@ def status(d: Any) -> dict[str, Any]:
     return body  # type: ignore[no-any-return]
 
 
-def seal(d: Any, epoch: int) -> dict[str, Any]:
-    code, body = call(f"{d.url}/v1/epochs/{epoch}?timeout=30")
+def seal(d: Any, epoch: int, token: bool = True, lease: bool = True) -> dict[str, Any]:
+    """Seal ``epoch`` as a reader does (with the token, then a lease on it, released at once: a quick reader), or
+    as a bare GET."""
+    code, body = call(f"{d.url}/v1/epochs/{epoch}?timeout=30", headers=d.headers if token else None)
     assert code == 200, (code, body)
     assert body["epoch"] == epoch
+    if lease:
+        code, got = call(f"{d.url}/v1/epochs/{epoch}/leases", method="POST", headers=d.headers)
+        assert code == 201, (code, got)
+        code, _ = call(f"{d.url}/v1/epochs/{epoch}/leases/{got['id']}", method="DELETE", headers=d.headers)
+        assert code == 204, code
     return body  # type: ignore[no-any-return]
 
 
@@ -159,17 +170,30 @@ def test_full_cache_with_no_reader_fetches_nothing(s3: Any, proxy: ByteProxy, da
     wire0, remote0, ev0 = proxy.downloaded, full["remote"]["bytes_read"], full["evictions"]
     assert wire0 >= full["bytes"], "the cache filled without its bytes crossing the proxy"
     deadline = time.monotonic() + QUIET_S
+    sealed = 0
     while time.monotonic() < deadline:
         time.sleep(2.0)
+        # anyone on the host may GET a manifest: without the token it seals, but buys no remote traffic
+        seal(d, sealed, token=False, lease=False)
+        sealed += 1
         s = status(d)
         assert proxy.downloaded - wire0 < LISTING_SLACK, (
             f"a full cache with no reader fetched {proxy.downloaded - wire0} bytes; sampler {s['sampler']}")
         assert s["remote"]["bytes_read"] == remote0 and s["evictions"] == ev0, (s["remote"], s["evictions"])
     s = status(d)
     assert "cache full" in (s["sampler"]["reason"] or ""), s["sampler"]
-    assert s["pacing"]["allowance_bytes"] <= 0
+    assert s["pacing"]["allowance_bytes"] <= 0 and s["last_epoch"] == sealed - 1
     print(f"\nfull at {full['bytes']} of {full['max_bytes']} bytes after {wire0} wire bytes; "
-          f"{proxy.downloaded - wire0} wire bytes in {QUIET_S:.0f} s idle")
+          f"{proxy.downloaded - wire0} wire bytes in {QUIET_S:.0f} s idle, {sealed} epochs sealed without the token")
+    # with the token but never a lease: the first UNREAD_GRANTS (2) epochs buy a share each, the rest nothing
+    wire1 = proxy.downloaded
+    for _ in range(6):
+        seal(d, sealed, lease=False)
+        sealed += 1
+    s = wait_quiet(d, proxy, timeout=30)
+    share = 0.2 * s["max_bytes"]  # --replace-per-epoch's default
+    per_unit = full["remote"]["bytes_read"] / max(1, full["shards"])
+    assert proxy.downloaded - wire1 <= 2 * (share + per_unit) + (1 << 20), (proxy.downloaded - wire1, share)
 
 
 def test_reader_epochs_keep_to_the_share(s3: Any, proxy: ByteProxy, daemon: Callable[..., Any],

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from samplecache_service.epochs.leases import Lease, LeaseTable
 from samplecache_service.epochs.manager import select_shards
-from samplecache_service.errors import Gone, Invalid, NotFound, ServiceError
+from samplecache_service.errors import Gone, Invalid, NotFound, ServiceError, TooMany
 from samplecache_service.store.catalog import Shard
 
 
@@ -94,7 +94,7 @@ def test_expiry_after_ttl_without_heartbeat(table: LeaseTable, clock: FakeClock)
     assert [l.id for l in gone] == [short.id]
     assert table.expired_total == 1
     assert table.expire() == []
-    assert [d["id"] for d in table.saved()] == [long.id]
+    assert table.get(short.id) is None and table.get(long.id) is long  # its record is dropped (Leasing.ended)
 
 
 def test_heartbeat_after_expiry_is_410(table: LeaseTable, clock: FakeClock) -> None:
@@ -105,7 +105,7 @@ def test_heartbeat_after_expiry_is_410(table: LeaseTable, clock: FakeClock) -> N
     assert isinstance(e.value, Gone)
     assert "expired" in e.value.message
     assert table.expired_total == 1
-    assert table.live() == [] and table.saved() == []
+    assert table.live() == [] and table.get(lease.id) is None
 
 
 def test_heartbeat_after_expiry_is_410_even_once_collected(table: LeaseTable, clock: FakeClock) -> None:
@@ -161,7 +161,7 @@ def test_release_ends_the_lease(table: LeaseTable) -> None:
         table.heartbeat(4, a.id)
     assert isinstance(e.value, NotFound)
     table.release(4, b.id)
-    assert table.epochs() == set() and table.saved() == []
+    assert table.epochs() == set() and table.get(b.id) is None
     assert table.expired_total == 0  # releases are not expiries
 
 
@@ -186,7 +186,7 @@ def test_load_gives_saved_leases_a_fresh_ttl(clock: FakeClock) -> None:
     before = LeaseTable(default_ttl=10.0, clock=clock)
     a = before.take(5, ttl=8.0, holder="rank 0")
     b = before.take(6, ttl=30.0)
-    saved = before.saved()
+    saved = [l.to_json() for l in before.live()]
     assert sorted(d["id"] for d in saved) == sorted([a.id, b.id])
 
     clock.advance(1000.0)  # the daemon was down far longer than any TTL
@@ -209,10 +209,46 @@ def test_saved_round_trips_through_json(table: LeaseTable) -> None:
     import json
 
     table.take(1, holder="h")
-    raw = json.dumps(table.saved())
+    raw = json.dumps([l.to_json() for l in table.live()])
     other = LeaseTable(default_ttl=10.0, clock=table.clock)
     other.load(json.loads(raw))
     assert [l.to_json() for l in other.live()] == [l.to_json() for l in table.live()]
+
+
+# ---------------------------------------------------------------------------------------------- caps
+def test_a_take_past_the_host_cap_is_refused_until_one_ends(clock: FakeClock) -> None:
+    table = LeaseTable(default_ttl=10.0, clock=clock, max_leases=3, max_per_job=3)
+    held = [table.take(1) for _ in range(3)]
+    with pytest.raises(TooMany, match="holds 3 leases, its limit") as e:
+        table.take(1)
+    assert e.value.retry_after == 10.0
+    table.release(1, held[0].id)
+    table.take(1)
+    clock.advance(11.0)  # every lease's TTL ran out: a take collects them rather than refusing
+    assert table.take(1).epoch == 1 and len(table.live()) == 1
+
+
+def test_a_job_past_its_cap_is_refused_and_others_are_not(clock: FakeClock) -> None:
+    table = LeaseTable(default_ttl=10.0, clock=clock, max_leases=100, max_per_job=2)
+    a = [table.take(1, job="a", run="r", job_epoch=0) for _ in range(2)]
+    with pytest.raises(TooMany, match="job 'a' holds 2 leases"):
+        table.take(1, job="a", run="r", job_epoch=0)
+    table.take(1, job="b", run="r", job_epoch=0)  # another job has its own cap
+    table.take(1)  # and leases of no job only the host's
+    table.release(1, a[0].id)
+    table.take(1, job="a", run="r", job_epoch=0)
+    clock.advance(11.0)
+    assert len(table.expire()) == 4
+    table.take(1, job="a", run="r", job_epoch=0)  # expired ones no longer count for the job
+
+
+def test_summary_shows_the_newest_and_counts_them_all(table: LeaseTable, clock: FakeClock) -> None:
+    ids = []
+    for i in range(7):
+        ids.append(table.take(1, job="j" if i % 2 else None, run="r", job_epoch=0).id)
+        clock.advance(0.1)
+    shown, live, by_job = table.summary(3)
+    assert [l.id for l in shown] == ids[:-4:-1] and live == 7 and by_job == {"j": 3}
 
 
 # ---------------------------------------------------------------------------------------------- property

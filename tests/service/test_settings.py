@@ -93,6 +93,8 @@ def test_defaults() -> None:
     ("log_level", "loud"),
     ("eviction_policy", "mru"),
     ("lease_ttl", 0),
+    ("max_leases", 0),
+    ("max_leases_per_job", 0),
     ("epoch_max_samples", -1),
     ("discover_interval", 0),
     ("epoch_wait_max", -1),
@@ -199,6 +201,8 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "TOKEN_FILE": str(tmp_path / "token"),
         "MAX_BODY_BYTES": "64KiB",
         "EPOCHS_KEPT": "7",
+        "MAX_LEASES": "100",
+        "MAX_LEASES_PER_JOB": "10",
     }
     for k, v in env.items():
         monkeypatch.setenv("SAMPLECACHE_" + k, v)
@@ -220,6 +224,7 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert (s.pacing, s.replace_per_epoch, int(s.max_ingest_rate)) == ("off", 0.5, 200 * 10**6)
     assert int(s.unit_bytes) == 16 * 2**20 and s.schema_file == tmp_path / "schema.parquet"
     assert (s.auth, s.token_file, int(s.max_body_bytes)) == ("token", tmp_path / "token", 64 * 1024)
+    assert (s.max_leases, s.max_leases_per_job) == (100, 10)
     # the test covers every setting there is
     assert {k.lower() for k in env} == set(FIELDS)
 
@@ -322,7 +327,7 @@ def test_every_setting_is_a_serve_flag(name: str, serve_help: str) -> None:
              "epoch_wait_max": "4", "epochs_kept": "9", "retry_seconds": "2", "log_level": "error", "pacing": "off",
              "replace_per_epoch": "0.5", "max_ingest_rate": "1MB", "unit_bytes": "16MiB",
              "schema_file": "/tmp/schema.parquet", "auth": "off", "token_file": "/tmp/token",
-             "max_body_bytes": "2MiB", "log_format": "json"}.get(name)
+             "max_body_bytes": "2MiB", "log_format": "json", "max_leases": "99", "max_leases_per_job": "9"}.get(name)
     if value is None:
         pytest.fail(f"new setting {name!r}: add a sample value to this test")
     args = build_parser().parse_args(["serve", flag, value])

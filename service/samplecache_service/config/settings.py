@@ -90,6 +90,10 @@ class Settings(BaseSettings):
                                   "(the policy's next evictions) so new shards fit while it is leased")
     lease_ttl: float = Field(60.0, gt=0, le=3600, description="Seconds a reader's lease on an epoch lives "
                              "without a heartbeat")
+    max_leases: int = Field(16384, ge=1, le=1_000_000, description="Live leases the daemon holds at most; a take "
+                            "past it is refused (429)")
+    max_leases_per_job: int = Field(4096, ge=1, le=1_000_000, description="Live leases one job holds at most "
+                                    "(ranks x workers x epochs read at once); a take past it is refused (429)")
     pacing: Pacing = Field("epoch", description="Once the cache is full: epoch (replace at most "
                            "replace_per_epoch x budget of remote bytes per sealed epoch; nothing while no job reads) "
                            "or off (replace as fast as the samplers go)")

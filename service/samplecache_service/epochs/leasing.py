@@ -1,9 +1,11 @@
-"""Taking a lease: the epoch and job checks, then the race with eviction settled on the writer thread."""
+"""Leasing: taking a lease (the epoch and job checks, then the race with eviction settled on the writer thread),
+its heartbeats and its end, and what of it goes to disk: one record per lease, and the job table."""
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Iterable
 
 from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leases import Lease, LeaseTable
@@ -12,13 +14,21 @@ from samplecache_service.errors import Conflict, Gone, NotFound
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.writer import Writer
 
+log = logging.getLogger("samplecache.daemon")
+
 
 class Leasing:
-    def __init__(self, catalog: Catalog, epochs: EpochManager, leases: LeaseTable, jobs: JobTable, writer: Writer,
-                 persist: Callable[[], Future[None]]) -> None:
-        """``persist``: queue the lease and job tables for the disk (``Daemon.persist_leases``)."""
+    def __init__(self, catalog: Catalog, epochs: EpochManager, leases: LeaseTable, jobs: JobTable,
+                 writer: Writer) -> None:
         self.catalog, self.epochs, self.leases, self.jobs, self.writer = catalog, epochs, leases, jobs, writer
-        self.persist = persist
+        leases.load(catalog.saved_leases)
+        if catalog.legacy_leases:
+            # a cache written before per-lease records: its one-blob table becomes records
+            writer.put_leases({l.id: l.to_json() for l in leases.live()}, drop_legacy=True)
+
+    def save_jobs(self) -> Future[None]:
+        """Queue the job table for the disk; read on the writer thread, so a later snapshot never lands first."""
+        return self.writer.put_meta(lambda: {"jobs": self.jobs.saved()})
 
     def missing_shards(self, epoch: int) -> int:
         """How many shards of ``epoch`` are no longer resident."""
@@ -56,9 +66,44 @@ class Leasing:
                 taken.set_exception(Gone(f"epoch {epoch} can no longer be read: {missing} of its shards were "
                                          f"evicted (it had no live lease); read a newer epoch"))
                 return
+            self.epochs.read_started(epoch)
             # queued on the writer; the reader does not wait for the disk
-            self.persist()
+            self.writer.put_leases({lease.id: lease.to_json()})
             taken.set_result(lease)
 
         self.writer.submit(lambda txn: self.missing_shards(epoch)).add_done_callback(settled)
         return taken
+
+    def heartbeat(self, epoch: int, lease_id: str, read: int | None = None) -> Lease:
+        """Keep a lease alive (not written to disk: a restart gives every saved lease a fresh TTL)."""
+        lease = self.leases.get(lease_id)
+        if lease is not None and lease.job is not None:
+            self.jobs.job(lease.job, lease.run)  # a replaced run is told so (409)
+        return self.leases.heartbeat(epoch, lease_id, read)
+
+    def release(self, epoch: int, lease_id: str, read: int | None = None) -> Lease:
+        lease = self.leases.release(epoch, lease_id, read)
+        self.ended([lease])
+        return lease
+
+    def expire(self) -> None:
+        """Forget the leases whose readers stopped heartbeating, and the jobs left with none for a TTL."""
+        gone = self.leases.expire()
+        for lease in gone:
+            log.info("lease %s on epoch %d expired (job %s): its reader stopped heartbeating", lease.id, lease.epoch,
+                     lease.job, extra={"event": "lease_expired", "lease": lease.id, "epoch": lease.epoch,
+                                       "job": lease.job})
+        self.ended(gone)
+        if self.jobs.expire(self.leases.jobs()):
+            self.save_jobs()
+
+    def ended(self, leases: Iterable[Lease]) -> None:
+        """Leases were released or expired: their readers' samples count for their jobs' epochs, and their
+        records go."""
+        records: dict[str, dict[str, Any] | None] = {}
+        for lease in leases:
+            self.jobs.add_read(lease.job, lease.job_epoch, lease.read)
+            records[lease.id] = None
+        if records:
+            self.writer.put_leases(records)
+            self.save_jobs()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from typing import Any, Callable
 
@@ -22,6 +23,10 @@ from samplecache_service.store.catalog import Catalog, Shard
 from samplecache_service.store.writer import Writer
 
 log = logging.getLogger("samplecache.epochs")
+
+# Epochs sealed within the lease TTL that granted a share of replacement and have no lease yet: past this many, a new
+# epoch grants none until a reader leases one (a loop of manifest requests buys no remote traffic).
+UNREAD_GRANTS = 2
 
 
 def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) -> list[Shard]:
@@ -66,7 +71,10 @@ class EpochManager:
         # drop to leave headroom for new shards while the epoch is leased (set by the daemon)
         self.resident_for_epoch: Callable[[], list[Shard]] = catalog.shards
         self.extra_pins: Callable[[], set[int]] = set  # epochs pinned besides leases (jobs' new mappings)
-        self.on_new_epoch: Callable[[int], None] = lambda epoch: None  # sealed, or reused by a job
+        # a share of replacement granted to a new epoch (sealed, or reused by a job): see grant()
+        self.on_new_epoch: Callable[[int], None] = lambda epoch: None
+        self._unread: dict[int, float] = {}  # epochs that were granted a share and have no lease yet -> when
+        self._unread_lock = threading.Lock()  # leases are settled on the writer thread
         self._lock = asyncio.Lock()
         self._ids: dict[int, frozenset[int]] = {}
         self._sealed_from: dict[int, tuple[Any, ...]] = {}  # the latest uncapped epoch -> what it was made from
@@ -125,7 +133,29 @@ class EpochManager:
         decide which of them it names."""
         return (self.catalog.shards_version, *self.reuse_key())
 
-    async def _seal(self, epoch: int, cap: int) -> bytes:
+    def grant(self, epoch: int) -> bool:
+        """Grant new ``epoch`` its share of replacement, unless UNREAD_GRANTS epochs granted within the lease TTL
+        still have no reader. Only a job's epoch or an authorized request asks (the routes decide)."""
+        now = time.time()
+        with self._unread_lock:
+            self._unread = {e: t for e, t in self._unread.items() if now - t < self.leases.default_ttl}
+            unread = sorted(self._unread)
+            granted = epoch not in self._unread and len(unread) < UNREAD_GRANTS
+            if granted:
+                self._unread[epoch] = now
+        if not granted:
+            log.info("epoch %d grants no replacement: epochs %s were granted one and nobody leased them", epoch,
+                     unread, extra={"event": "grant_withheld", "epoch": epoch})
+            return False
+        self.on_new_epoch(epoch)
+        return True
+
+    def read_started(self, epoch: int) -> None:
+        """A reader leased ``epoch``: its grant is spent on a reader."""
+        with self._unread_lock:
+            self._unread.pop(epoch, None)
+
+    async def _seal(self, epoch: int, cap: int, grant: bool) -> bytes:
         """Seal ``epoch`` (the next one) from the shards resident now. The caller holds ``_lock``."""
         previous = set(self.shard_ids(epoch - 1)) if epoch > 0 else set()
         fields = self.manifest_fields()
@@ -142,12 +172,14 @@ class EpochManager:
             log.info("epoch %d sealed: %d shards, %d samples", epoch, len(made[0]), rows,
                      extra={"event": "epoch_sealed", "epoch": epoch, "rows": rows})
         self._sealed_from = {epoch: key} if cap <= 0 else {}
-        self.on_new_epoch(epoch)
+        if grant:
+            self.grant(epoch)
         return raw
 
     async def manifest(self, epoch: int, min_samples: int = 1, timeout: float = 30.0,
-                       max_samples: int | None = None) -> bytes:
-        """The sealed manifest of ``epoch``; seals it now if it is the next one."""
+                       max_samples: int | None = None, grant: bool = False) -> bytes:
+        """The sealed manifest of ``epoch``; seals it now if it is the next one (``grant``: with a share of
+        replacement, for an authorized request)."""
         raw = self.catalog.manifest_bytes(epoch)
         if raw is not None:
             return raw
@@ -166,7 +198,7 @@ class EpochManager:
                 return raw
             if self.last_sealed() != epoch - 1:
                 raise Conflict(f"epoch {epoch} cannot be sealed: the last sealed epoch is {self.last_sealed()}")
-            return await self._seal(epoch, self.max_samples if max_samples is None else max_samples)
+            return await self._seal(epoch, self.max_samples if max_samples is None else max_samples, grant)
 
     async def seal_new(self, min_samples: int = 1, timeout: float = 30.0, max_samples: int | None = None) -> int:
         """A new epoch of the shards resident now, with this request's own cap and warm-up (for a job's new
@@ -180,7 +212,7 @@ class EpochManager:
             summary = self.catalog.summary(last)
             if cap <= 0 and self._sealed_from.get(last) == self._made_from() \
                     and int(summary.get("samples", 0)) >= max(1, min_samples):
-                self.on_new_epoch(last)  # a new job epoch starts on it: one more share of replacement
+                self.grant(last)  # a new job epoch starts on it: one more share of replacement
                 return last
-            await self._seal(last + 1, cap)
+            await self._seal(last + 1, cap, grant=True)
             return last + 1

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from samplecache.version import __version__
 from samplecache_service.config.settings import Settings
 from samplecache_service.daemon import Daemon
-from samplecache_service.errors import Conflict, Gone, Invalid, NotFound, NotReady, ServiceError
+from samplecache_service.errors import Conflict, Gone, Invalid, NotFound, NotReady, ServiceError, TooMany
 from samplecache_service.http import page
 from samplecache_service.http.apidocs import add_docs
 from samplecache_service.http.auth import resolve_token
@@ -29,7 +29,8 @@ from samplecache_service.http.routes import control, epochs, jobs, quarantine
 from samplecache_service.http.status import status_of
 
 ERRORS: dict[int | str, dict[str, Any]] = {503: {"model": Problem}}
-STATUS: dict[type[ServiceError], int] = {Invalid: 422, NotFound: 404, Conflict: 409, Gone: 410, NotReady: 503}
+STATUS: dict[type[ServiceError], int] = {Invalid: 422, NotFound: 404, Conflict: 409, Gone: 410, TooMany: 429,
+                                          NotReady: 503}
 MAX_PROBLEMS, MAX_NAME, MAX_MESSAGE = 5, 64, 200  # a 422 names at most this much: never the values sent
 _UNION_BRANCH = re.compile(r"^(constrained-)?(int|str|float|bool|none|literal\[.*\]|function-\w+\[.*\])$")
 

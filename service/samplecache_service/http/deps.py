@@ -20,14 +20,19 @@ def get_daemon(request: Request) -> Daemon:
     return request.app.state.daemon  # type: ignore[no-any-return]
 
 
+def is_authorized(request: Request) -> bool:
+    """The request carries the daemon's token, or the daemon runs with ``--auth off``."""
+    token: str | None = request.app.state.token
+    if token is None:
+        return True
+    header = request.headers.get("authorization")
+    return header is not None and authorized(header.encode("latin-1"), token.encode("utf-8"))
+
+
 def require_token(request: Request,
                   credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None) -> None:
     """Endpoints that change state need ``Authorization: Bearer <token>`` unless ``--auth off``."""
-    token: str | None = request.app.state.token
-    if token is None:
-        return
-    header = request.headers.get("authorization")
-    if header is None or not authorized(header.encode("latin-1"), token.encode("utf-8")):
+    if not is_authorized(request):
         raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
 
 

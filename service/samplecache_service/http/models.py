@@ -117,7 +117,10 @@ class Status(BaseModel):
     last_error: str | None
     evictions: int = Field(description="Shards evicted since start")
     eviction_policy: str
-    leases: list[dict[str, Any]] = Field(description="Live leases")
+    leases: list[dict[str, Any]] = Field(description="The newest live leases (at most 50: leases_live counts them "
+                                                     "all)")
+    leases_live: int = Field(description="Live leases")
+    leases_by_job: dict[str, int] = Field(description="Live leases per job")
     jobs: int = Field(description="Jobs that are not expired (GET /v1/jobs lists them)")
     pinned_epochs: list[int]
     lmdb: dict[str, int] = Field(description="LMDB file size on disk, pages in use, map size")

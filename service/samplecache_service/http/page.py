@@ -196,7 +196,7 @@ def _tiles(st: Status) -> str:
              f'{metric("coverage_cycle", cov.get("cycle", 0), str(int(cov.get("cycle", 0)) + 1))}'),
         tile("Epochs", metric("epochs_sealed", st.epochs_sealed, fmt_count(st.epochs_sealed)),
              f'sealed; last {metric("last_epoch", st.last_epoch)}; '
-             f'{metric("jobs", st.jobs)} jobs, {metric("leases", len(st.leases))} leases'),
+             f'{metric("jobs", st.jobs)} jobs, {metric("leases", st.leases_live)} leases'),
         tile("Remote", metric("remote_bytes_read", st.remote.bytes_read, fmt_bytes(st.remote.bytes_read)),
              f'read; {metric("remote_errors", st.remote_errors)} errors, '
              f'{metric("quarantined", len(st.quarantined))} files quarantined'),

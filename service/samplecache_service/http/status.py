@@ -10,6 +10,7 @@ from samplecache_service.http.auth import auth_status
 from samplecache_service.http.models import EpochSummary, Status
 
 EPOCHS_SHOWN = 20  # the latest epochs' summaries in /v1/status
+LEASES_SHOWN = 50  # the newest live leases in /v1/status (the rest are counted; GET /v1/jobs/{name} lists a job's)
 
 if TYPE_CHECKING:
     from samplecache_service.daemon import Daemon
@@ -40,6 +41,7 @@ def status_of(d: "Daemon") -> Status:
     epochs = [EpochSummary(epoch=e, **summaries[e]) for e in sorted(summaries)[-EPOCHS_SHOWN:]]
     quarantined = [{"path": q["path"], "reason": q["reason"], "at": q["at"]} for q in d.quarantined()]
     eps = d.catalog.epochs()
+    shown, live, by_job = d.leases.summary(LEASES_SHOWN)
     pacer = d.traffic.pacer
     return Status(
         version=__version__, uptime_s=time.time() - d.started, source=d.source_shown,
@@ -60,7 +62,8 @@ def status_of(d: "Daemon") -> Status:
         coverage=d.scheduler.coverage(), settings={**d.settings.public(), **d.runtime_config()},
         config=d.config_state or {}, auth=auth_status(d.settings),
         evictions=d.evicted_shards, eviction_policy=d.policy,
-        leases=[{k: v for k, v in l.to_json().items() if k != "run"} for l in d.leases.live()],
+        leases=[{k: v for k, v in l.to_json().items() if k != "run"} for l in shown],
+        leases_live=live, leases_by_job=by_job,
         health={"problems": d.health.problems(), "threads": d.health.snapshot(),
                 "unit_failures": dict(d.scheduler.unit_failures), "units_given_up": d.scheduler.units_given_up,
                 "failed_events": d.scheduler.inbox.failed_events},

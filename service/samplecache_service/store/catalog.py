@@ -31,6 +31,7 @@ MANIFEST_CACHE = 8
 
 
 SUMMARY_PREFIX = "summary/"  # meta key of one epoch's summary: summary/<epoch>
+LEASE_PREFIX = "lease/"  # meta key of one live lease: lease/<id> (a take writes one record, not the table)
 
 
 def u64(n: int) -> bytes:
@@ -109,6 +110,11 @@ class Catalog:
             self._summaries[int(key[len(SUMMARY_PREFIX):])] = st.meta.pop(key)
         for e, summary in legacy.items():
             self._summaries.setdefault(int(e), summary)
+        # before per-lease keys the table was one blob, "leases": read once, then written as records (Leasing)
+        self.legacy_leases = "leases" in st.meta
+        self.saved_leases: list[dict[str, Any]] = list(st.meta.pop("leases", None) or [])
+        for key in [k for k in st.meta if k.startswith(LEASE_PREFIX)]:
+            self.saved_leases.append(st.meta.pop(key))
         kept = set(st.epochs)
         self._summaries = {e: v for e, v in self._summaries.items() if e in kept}
         with self.env.begin(buffers=False) as txn:

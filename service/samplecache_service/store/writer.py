@@ -20,7 +20,7 @@ import lmdb
 
 from samplecache.format.constants import MAX_READERS
 from samplecache.format.record import record_key, verify_block
-from samplecache_service.store.catalog import DBS, SUMMARY_PREFIX, Catalog, Shard, u64
+from samplecache_service.store.catalog import DBS, LEASE_PREFIX, SUMMARY_PREFIX, Catalog, Shard, u64
 from samplecache_service.store.eviction import EvictionPlan
 from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.staging import StagingError, read_staged
@@ -207,6 +207,21 @@ class Writer:
                 self.catalog.set_meta(k, v)
 
         return self.submit(op, after)
+
+    def put_leases(self, changes: Mapping[str, dict[str, Any] | None], drop_legacy: bool = False) -> "Future[None]":
+        """Store lease records, one key each (``None``: drop it); ``drop_legacy``: drop the old one-blob table."""
+        def op(txn: lmdb.Transaction) -> None:
+            db = self.dbs[b"meta"]
+            for lease_id, record in changes.items():
+                key = (LEASE_PREFIX + lease_id).encode()
+                if record is None:
+                    txn.delete(key, db=db)
+                else:
+                    txn.put(key, json.dumps(record).encode(), db=db)
+            if drop_legacy:
+                txn.delete(b"leases", db=db)
+
+        return self.submit(op)
 
     def put_files(self, files: Mapping[str, FileInfo]) -> "Future[None]":
         def op(txn: lmdb.Transaction) -> None:

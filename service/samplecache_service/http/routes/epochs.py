@@ -5,23 +5,24 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from samplecache.format.constants import MAX_NUMBER
 from samplecache_service.errors import NotReady
-from samplecache_service.http.deps import DaemonDep, TokenDep
+from samplecache_service.http.deps import DaemonDep, TokenDep, is_authorized
 from samplecache_service.http.models import HeartbeatIn, LeaseIn, LeaseOut, problems
 
 router = APIRouter(tags=["epochs"])
-WRITES = problems(400, 401, 404, 409, 410, 413, 422)  # errors.ServiceError: mapped to statuses in api.py
+WRITES = problems(400, 401, 404, 409, 410, 413, 422)
+TAKES = problems(400, 401, 404, 409, 410, 413, 422, 429)  # errors.ServiceError: mapped to statuses in api.py
 Epoch = Annotated[int, Path(ge=0, le=MAX_NUMBER, description="Epoch number, from 0")]
 LeaseId = Annotated[str, Path(min_length=1, max_length=64, pattern="^[0-9a-f]+$")]
 MANIFEST = {"description": "The sealed manifest", "content": {"application/json": {"schema": {"type": "object"}}}}
 
 
 @router.get("/v1/epochs/{epoch}", responses={200: MANIFEST, **problems(404, 409, 410, 422, 503)})
-async def get_epoch(d: DaemonDep, epoch: Epoch,
+async def get_epoch(d: DaemonDep, request: Request, epoch: Epoch,
                     min_samples: Annotated[int, Query(ge=0, le=MAX_NUMBER, description="Wait until the cache holds "
                                                       "this many samples before sealing")] = 1,
                     timeout: Annotated[float, Query(ge=0, le=3600,
@@ -31,17 +32,19 @@ async def get_epoch(d: DaemonDep, epoch: Epoch,
                     format: Annotated[Literal["json", "compact"],
                                       Query(description="compact: the shard table packed as `shards_packed` "
                                             "(what the client uses)")] = "json") -> Response:
-    """The manifest of ``epoch``. The first call seals it from the shards resident now."""
+    """The manifest of ``epoch``. The first call seals it from the shards resident now; it grants the epoch a
+    share of replacement (remote traffic) only when it carries the token (or the daemon runs ``--auth off``)."""
     if d.schema is None and d.catalog.manifest_bytes(epoch) is None:
         raise NotReady(f"the source is not discovered yet: {d.last_error or 'discovering'}", retry_after=2)
-    raw = await d.epochs.manifest(epoch, min_samples, timeout, max_samples)  # errors.ServiceError: see api.py
+    # errors.ServiceError: see api.py
+    raw = await d.epochs.manifest(epoch, min_samples, timeout, max_samples, grant=is_authorized(request))
     if format == "compact":
         compact: bytes | None = await asyncio.to_thread(d.catalog.compact_manifest, epoch)
         raw = compact or raw
     return Response(raw, media_type="application/json")
 
 
-@router.post("/v1/epochs/{epoch}/leases", response_model=LeaseOut, status_code=201, responses=WRITES,
+@router.post("/v1/epochs/{epoch}/leases", response_model=LeaseOut, status_code=201, responses=TAKES,
              dependencies=[TokenDep])
 async def take_lease(d: DaemonDep, epoch: Epoch, body: LeaseIn | None = None) -> Any:
     """Pin every shard of a sealed epoch until the lease is released or expires."""
@@ -55,17 +58,12 @@ async def take_lease(d: DaemonDep, epoch: Epoch, body: LeaseIn | None = None) ->
              dependencies=[TokenDep])
 async def heartbeat(d: DaemonDep, epoch: Epoch, lease_id: LeaseId, body: HeartbeatIn | None = None) -> Any:
     """Keep the lease alive; ``read`` reports the samples its reader has read."""
-    lease = d.leases.get(lease_id)
-    if lease is not None and lease.job is not None:
-        d.jobs.job(lease.job, lease.run)  # a replaced run is told so (409)
-    return d.leases.heartbeat(epoch, lease_id, (body or HeartbeatIn()).read).to_json()
+    return d.leasing.heartbeat(epoch, lease_id, (body or HeartbeatIn()).read).to_json()
 
 
 @router.delete("/v1/epochs/{epoch}/leases/{lease_id}", status_code=204, responses=WRITES, dependencies=[TokenDep])
 async def release(d: DaemonDep, epoch: Epoch, lease_id: LeaseId,
                   read: Annotated[int | None, Query(ge=0, le=MAX_NUMBER,
                                                     description="Samples its reader read")] = None) -> Response:
-    lease = d.leases.release(epoch, lease_id, read)
-    d.lease_ended(lease)
-    d.persist_leases()
+    d.leasing.release(epoch, lease_id, read)
     return Response(status_code=204)

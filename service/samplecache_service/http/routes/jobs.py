@@ -46,7 +46,7 @@ async def attach(d: DaemonDep, body: JobIn) -> Any:
     """Start a job, join it (another process of the same run) or take it over (a new run of the same name
     continues its epoch sequence). ``resume``: the job must exist."""
     job = d.jobs.attach(body.name, body.run, body.resume)
-    d.persist_leases()
+    d.leasing.save_jobs()
     return job_out(d, job)
 
 
@@ -117,7 +117,7 @@ async def map_epoch(d: DaemonDep, name: Name, job_epoch: JobEpoch,
                 mapped = await d.epochs.seal_new(min_samples, timeout, max_samples)
                 d.jobs.job(name, run)  # and after a long warm-up
             d.jobs.map_epoch(name, job_epoch, mapped)
-            await asyncio.wrap_future(d.persist_leases())  # on disk before any process reads it
+            await asyncio.wrap_future(d.leasing.save_jobs())  # on disk before any process reads it
         else:
             missing = d.leasing.missing_shards(mapped)
             if missing:

@@ -1,0 +1,113 @@
+"""Leasing on a real LMDB environment: one record per lease on disk (a take writes its own key, never the table),
+records dropped when leases end, the one-blob table of older caches turned into records; and the epochs' grants of
+remote traffic, which only a bounded number of epochs without a reader get."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from samplecache_service.epochs.jobs import JobTable
+from samplecache_service.epochs.leases import LeaseTable
+from samplecache_service.epochs.leasing import Leasing
+from samplecache_service.epochs.manager import UNREAD_GRANTS, EpochManager, build_manifest
+from samplecache_service.store.catalog import LEASE_PREFIX, Catalog
+from samplecache_service.store.writer import Writer, open_env
+
+
+class Cache:
+    """The daemon's parts that leasing uses, on an LMDB environment under ``root``; ``reopen`` is a restart."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.open()
+
+    def open(self) -> None:
+        self.env, self.dbs = open_env(self.root / "lmdb", 1 << 26)
+        self.catalog = Catalog(self.env, self.dbs)
+        self.writer = Writer(self.env, self.dbs, self.catalog)
+        self.leases = LeaseTable(default_ttl=60.0)
+        self.jobs = JobTable(60.0)
+        self.epochs = EpochManager(self.catalog, self.writer, self.leases, dict, wait_max=1.0)
+        self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
+
+    def close(self) -> None:
+        self.writer.close()
+        self.env.close()
+
+    def reopen(self) -> None:
+        self.close()
+        self.open()
+
+    def meta_keys(self) -> dict[str, Any]:
+        with self.env.begin() as txn:
+            return {k.decode(): json.loads(v) for k, v in txn.cursor(db=self.dbs[b"meta"])}
+
+    def seal(self, epoch: int) -> None:
+        self.writer.seal(epoch, lambda: build_manifest(epoch, [], {}, "x", 1 << 26, 0, "s3://b/", set())).result()
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Any:
+    c = Cache(tmp_path)
+    yield c
+    c.close()
+
+
+def test_a_take_writes_its_own_record_and_an_end_drops_it(cache: Cache) -> None:
+    cache.seal(0)
+    taken = [cache.leasing.take(0, holder=f"rank {i}").result(timeout=10) for i in range(3)]
+    cache.writer.submit(lambda txn: None).result()  # the records are queued behind the takes
+    records = {k: v for k, v in cache.meta_keys().items() if k.startswith(LEASE_PREFIX)}
+    assert records == {LEASE_PREFIX + l.id: l.to_json() for l in taken}
+    assert "leases" not in cache.meta_keys()  # no table rewritten whole
+
+    cache.leasing.release(0, taken[0].id, read=5)
+    cache.writer.submit(lambda txn: None).result()
+    assert LEASE_PREFIX + taken[0].id not in cache.meta_keys()
+
+    cache.reopen()  # a restart finds the two left, with a fresh TTL
+    assert sorted(l.id for l in cache.leases.live()) == sorted(l.id for l in taken[1:])
+
+
+def test_the_one_blob_table_of_an_older_cache_becomes_records(cache: Cache) -> None:
+    old = LeaseTable(default_ttl=60.0)
+    legacy = [old.take(0, holder="old").to_json() for _ in range(2)]
+    cache.writer.put_meta({"leases": legacy}).result()
+    cache.reopen()
+    assert sorted(l.id for l in cache.leases.live()) == sorted(d["id"] for d in legacy)
+    cache.writer.submit(lambda txn: None).result()
+    keys = cache.meta_keys()
+    assert "leases" not in keys and {LEASE_PREFIX + d["id"] for d in legacy} <= set(keys)
+    cache.reopen()  # read again from the records alone
+    assert len(cache.leases.live()) == 2
+
+
+def test_epochs_without_a_reader_get_a_bounded_number_of_grants(cache: Cache) -> None:
+    granted: list[int] = []
+    cache.epochs.on_new_epoch = granted.append
+    for e in range(UNREAD_GRANTS + 3):
+        cache.epochs.grant(e)
+    assert granted == list(range(UNREAD_GRANTS))  # nobody leased those: the rest grant nothing
+    cache.epochs.grant(0)
+    assert granted == list(range(UNREAD_GRANTS))  # one grant per epoch until a reader comes
+    cache.epochs.read_started(0)
+    cache.epochs.grant(10)
+    assert granted[-1] == 10
+    cache.leases.default_ttl = 0.0  # grants older than the lease TTL no longer count
+    cache.epochs.grant(11)
+    assert granted[-1] == 11
+
+
+def test_a_lease_spends_its_epochs_grant(cache: Cache) -> None:
+    granted: list[int] = []
+    cache.epochs.on_new_epoch = granted.append
+    for e in range(UNREAD_GRANTS):
+        cache.seal(e)
+        assert cache.epochs.grant(e)
+    assert not cache.epochs.grant(UNREAD_GRANTS)
+    cache.leasing.take(0).result(timeout=10)  # a reader of epoch 0
+    assert cache.epochs.grant(UNREAD_GRANTS) and granted[-1] == UNREAD_GRANTS
