@@ -94,6 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from samplecache_service.ops.reload import Reloader
     from samplecache_service.remote.stores import RemoteError
     from samplecache_service.store.cachedir import DamagedCacheFile, StartupError
+    from samplecache_service.store.lmdbmap import BadSetting
 
     try:
         loaded = _load(args)
@@ -118,7 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if "daemon" in locals():
             daemon.stop()
         signal.signal(signal.SIGHUP, previous)
-        return 2 if isinstance(e, DamagedCacheFile) else 1
+        return 2 if isinstance(e, (DamagedCacheFile, BadSetting)) else 1
     reloader = Reloader(_flags(args), args.config, loaded, daemon, set_level)
     daemon.config_state = reloader.state
     reloader.start()
@@ -227,11 +228,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from samplecache_service.config.file import ConfigError, shown
+    from samplecache_service.config.mapsize import map_problem
 
     try:
         loaded = _load(args)
     except ConfigError as e:
         print(f"samplecache config: {e}", file=sys.stderr)
+        return 2
+    # valid, but more than this machine can map: serve would fail opening LMDB
+    problem = map_problem(int(loaded.settings.max_bytes))
+    if problem:
+        print(f"samplecache config: invalid settings:\n  {problem} (from {loaded.sources['max_bytes']})",
+              file=sys.stderr)
         return 2
     values = shown(loaded.settings)
     if args.json:

@@ -42,8 +42,9 @@ from samplecache_service.store.cachedir import (
 from samplecache_service.store.catalog import Catalog, Shard
 from samplecache_service.store.disk import DiskSpace
 from samplecache_service.store.eviction import EvictionPlan, plan_eviction
+from samplecache_service.store.lmdbmap import open_cache_env
 from samplecache_service.store.staging import leftovers, set_aside
-from samplecache_service.store.writer import NoRoom, Writer, open_env
+from samplecache_service.store.writer import NoRoom, Writer
 
 log = logging.getLogger("samplecache.daemon")
 
@@ -78,7 +79,11 @@ class Daemon:
         self.config_state: dict[str, Any] | None = None
         self.budget = Budget(int(settings.max_bytes), int(settings.min_free_disk), settings.eviction_policy)
         self.map_size = map_size_for(self.budget.max_bytes)
-        self.env, self.dbs = open_env(settings.lmdb_path, self.map_size)
+        try:  # a map this machine cannot hold: one line naming the largest budget that works (exit 2)
+            self.env, self.dbs = open_cache_env(settings.lmdb_path, self.budget.max_bytes)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self.catalog = Catalog(self.env, self.dbs)
         self.writer = Writer(self.env, self.dbs, self.catalog)
         self.disk = DiskSpace(settings.cache_dir, self.env, self.dbs)

@@ -4,6 +4,7 @@ object from flags and SAMPLECACHE_* variables."""
 from __future__ import annotations
 
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -12,9 +13,10 @@ from typing import Iterator
 
 import pytest
 from paths import REPO
-from pydantic import ValidationError
+from pydantic import ByteSize, ValidationError
 
 from samplecache_service.cli import _flag, _settings_from, build_parser, main
+from samplecache_service.config import mapsize
 from samplecache_service.config.settings import Settings
 
 README = REPO / "README.md"
@@ -57,7 +59,7 @@ def _serve(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -
     ("1TiB", 2**40),
 ])
 def test_sizes_parse(text: str, value: int) -> None:
-    s = Settings(max_bytes=text, min_free_disk=text, block_bytes=text if value >= 4096 else "4KiB")
+    s = Settings(max_bytes=text, min_free_disk=text, block_bytes=text if 4096 <= value <= GiB else "4KiB")
     assert int(s.max_bytes) == value
     assert int(s.min_free_disk) == value
 
@@ -290,6 +292,49 @@ def test_cross_field_errors_name_the_flag(argv: list[str], flag: str, capsys: py
     err = capsys.readouterr().err
     assert flag in err and _env_var(flag[2:].replace("-", "_")) in err
     assert "--settings" not in err
+
+
+NUMERIC = [n for n, f in Settings.model_fields.items() if f.annotation in (int, float, ByteSize)]
+ABSURD = ["nan", "inf", "-inf", "Infinity", "-1", "1" + "0" * 30]
+
+
+def test_the_numeric_settings_are_found() -> None:
+    assert {"max_bytes", "retry_seconds", "epoch_wait_max", "seed", "samplers", "lease_ttl"} <= set(NUMERIC)
+
+
+@pytest.mark.parametrize("value", ABSURD)
+@pytest.mark.parametrize("name", NUMERIC)
+def test_every_numeric_setting_refuses_nan_inf_negative_and_absurd(name: str, value: str,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`samplecache config` (and so serve and a reload) exits 2 naming the setting: none is unbounded."""
+    assert main(["config", f"{_flag(name)}={value}"]) == 2, f"{name} = {value} was accepted"
+    err = capsys.readouterr().err
+    assert _flag(name) in err and _env_var(name) in err, err
+
+
+def test_config_refuses_a_budget_whose_map_this_machine_cannot_hold(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-bytes 30TB passed (exit 0) though serve could not map it (issue 21, item 8)."""
+    monkeypatch.setattr(mapsize, "can_map", lambda size: size <= 85 * 2**40)  # this machine maps 85 TiB
+    assert main(["config", "--max-bytes", "30TB"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-bytes" in err and "largest budget that works here is" in err, err
+    advised = err.rsplit("--max-bytes ", 1)[1].split(")")[0]
+    assert main(["config", "--max-bytes", advised]) == 0
+    assert main(["config", "--max-bytes", "70TiB"]) == 2  # more than any 64-bit process maps
+    assert "at most 65535GiB" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="on x86-64 (128 TiB at most) a 40 TiB budget's map fails")
+def test_serve_with_a_budget_lmdb_cannot_map_exits_2_with_the_largest_that_works(tmp_path: Path) -> None:
+    """It died with a raw lmdb.MemoryError traceback, exit 1. The advised budget is one that opens."""
+    r = _serve(["--cache-dir", str(tmp_path / "c"), "--max-bytes", "40TiB"], tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "--max-bytes" in r.stderr and "MemoryError" in r.stderr
+    advised = r.stderr.rsplit("(--max-bytes ", 1)[1].split(")")[0]
+    assert not list((tmp_path / "c").glob(".map-probe-*"))  # the probe's scratch dir is gone
+    r = _serve(["--cache-dir", str(tmp_path / "c"), "--max-bytes", advised], tmp_path)
+    assert "source is not set" in r.stderr and r.returncode == 1, r.stderr  # LMDB opened; it stopped later
 
 
 def test_serve_with_bad_storage_options_env_exits_2(tmp_path: Path) -> None:

@@ -15,12 +15,20 @@ from pydantic import ByteSize, Field, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from samplecache.format.constants import MAX_NUMBER
+from samplecache_service.config.mapsize import MAX_BUDGET, GiB, map_size_for
+
 Pacing = Literal["epoch", "off"]
 Auth = Literal["token", "off"]
 LogFormat = Literal["text", "json"]
 PACING: tuple[str, ...] = get_args(Pacing)
 MIN_PART_BYTES = 64 << 10  # the smallest shard target
 MIN_BUDGET = 4096  # the smallest max_bytes: one block
+# the largest value of each size: beyond it a value is a typo, or more than what uses it can take (a block's length
+# is 32 bits in a staging file; a sampler holds about 2 x unit_bytes; a request body is held in memory)
+SIZE_LIMITS = {"max_bytes": MAX_BUDGET, "min_free_disk": 1 << 60, "max_ingest_rate": 1 << 60,
+               "max_body_bytes": GiB, "block_bytes": GiB, "unit_bytes": 64 * GiB}
+DAY = 86400.0
 _SIZE = re.compile(r"\s*\d*\.?\d+\s*[A-Za-z]*\s*")
 
 
@@ -59,7 +67,9 @@ def default_samplers() -> int:
 class Settings(BaseSettings):
     """Every setting of the daemon. Each is a ``serve`` flag and a ``SAMPLECACHE_<NAME>`` variable."""
 
-    model_config = SettingsConfigDict(env_prefix="SAMPLECACHE_", extra="forbid", validate_default=True)
+    # allow_inf_nan: no float setting means anything at nan or inf (an endless retry, a wait for ever)
+    model_config = SettingsConfigDict(env_prefix="SAMPLECACHE_", extra="forbid", validate_default=True,
+                                      allow_inf_nan=False)
 
     source: str = Field("", description="fsspec URL of a prefix, directory or glob of Parquet files "
                         "(s3://, gs://, file://, ...)")
@@ -83,7 +93,8 @@ class Settings(BaseSettings):
         default_factory=dict, description="JSON object passed to fsspec (endpoint, credentials, ...)")
     columns: list[str] | None = Field(None, description="Sample only these columns "
                                       "(comma-separated; default: all supported)")
-    seed: int = Field(0, ge=0, description="Seed of the remote sampling order (and of random eviction)")
+    seed: int = Field(0, ge=0, le=MAX_NUMBER, description="Seed of the remote sampling order "
+                      "(and of random eviction)")
     eviction_policy: str = Field("fifo", description="Which shards make room once the budget is reached: "
                                  "fifo, random or lru")
     epoch_headroom: float = Field(0.2, ge=0.0, lt=1.0, description="Fraction of the budget a new epoch leaves out "
@@ -102,9 +113,12 @@ class Settings(BaseSettings):
                                      "(0: keep the sample as it is)")
     max_ingest_rate: ByteSize = Field(ByteSize(0), ge=0, description="Cap on remote bytes per second, also while "
                                       "filling (e.g. 200MB; 0: no cap)")
-    epoch_max_samples: int = Field(0, ge=0, description="Cap on the samples of one epoch (0: every resident sample)")
-    discover_interval: float = Field(300.0, gt=0, description="Seconds between listings of the source for new files")
-    num_nodes: int = Field(1, ge=1, description="How many hosts split the remote's row groups between them")
+    epoch_max_samples: int = Field(0, ge=0, le=MAX_NUMBER, description="Cap on the samples of one epoch "
+                                   "(0: every resident sample)")
+    discover_interval: float = Field(300.0, gt=0, le=7 * DAY, description="Seconds between listings of the source "
+                                     "for new files")
+    num_nodes: int = Field(1, ge=1, le=1_000_000, description="How many hosts split the remote's row groups "
+                           "between them")
     node_rank: int = Field(0, ge=0, description="This host's part of the remote when several hosts share it")
     block_bytes: ByteSize = Field(ByteSize(2**20), description="Target size of one stored block of rows")
     unit_bytes: ByteSize = Field(ByteSize(64 * 2**20), description="Target size of a shard: larger row groups are "
@@ -113,11 +127,11 @@ class Settings(BaseSettings):
     schema_file: Path | None = Field(None, description="A Parquet or Arrow IPC file whose schema pins the dataset's "
                                      "(e.g. pq.write_table(schema.empty_table(), 'schema.parquet')); "
                                      "default: the files' schemas unified")
-    epoch_wait_max: float = Field(600.0, gt=0, description="Longest wait (s) a manifest request may ask for "
-                                  "with min_samples")
+    epoch_wait_max: float = Field(600.0, gt=0, le=DAY, description="Longest wait (s) a manifest request may ask "
+                                  "for with min_samples")
     epochs_kept: int = Field(64, ge=1, le=1_000_000, description="Sealed epoch manifests kept besides those "
                              "leased or mapped by a job (older ones are dropped; a GET of one answers 410)")
-    retry_seconds: float = Field(5.0, gt=0, description="Back-off (s) after the remote is unreachable")
+    retry_seconds: float = Field(5.0, gt=0, le=3600, description="Back-off (s) after the remote is unreachable")
     log_level: str = Field("info", description="Log level: debug, info, warning, error")
     log_format: LogFormat = Field("text", description="Log lines as text (for people) or json "
                                   "(one object per line, stable keys, for log shippers)")
@@ -173,6 +187,17 @@ class Settings(BaseSettings):
     def _positive(cls, v: ByteSize) -> ByteSize:
         if v <= 0:
             raise ValueError("must be positive")
+        return v
+
+    @field_validator(*SIZE_LIMITS)
+    @classmethod
+    def _not_absurd(cls, v: ByteSize, info: ValidationInfo) -> ByteSize:
+        limit = SIZE_LIMITS[str(info.field_name)]
+        if v > limit and info.field_name == "max_bytes":
+            raise ValueError(f"its LMDB map ({map_size_for(v)} bytes: 4 x the budget + 1 GiB) is more than a 64-bit "
+                             f"process can map: at most {limit // GiB}GiB")
+        if v > limit:
+            raise ValueError(f"must be at most {limit} bytes ({limit / GiB:g}GiB)")
         return v
 
     @field_validator("max_body_bytes")

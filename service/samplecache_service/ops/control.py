@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from samplecache_service.config.mapsize import restart_advice
 from samplecache_service.config.settings import PACING
 from samplecache_service.epochs.manager import EpochManager
 from samplecache_service.errors import Conflict, Invalid
@@ -36,8 +37,9 @@ def configure(budget: Budget, catalog: Catalog, epochs: EpochManager, pacer: Pac
                                    f"live leases on epochs {sorted(epochs.pinned_epochs())}: at least "
                                    f"{pinned_bytes} fits now")
         if max_bytes > ceiling:
+            # never advise a restart with a budget the restart could not map
             raise Conflict(f"max_bytes {max_bytes} is beyond what this run's LMDB map allows "
-                                   f"({ceiling}); restart the daemon with --max-bytes {max_bytes}")
+                           f"({ceiling}); {restart_advice(max_bytes, map_size)}")
     if max_bytes is not None:
         budget.max_bytes = max_bytes
     if policy is not None:

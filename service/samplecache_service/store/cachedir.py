@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from samplecache.format.record import FORMAT_VERSION
+from samplecache_service.config.mapsize import map_size_for as map_size_for  # for the daemon and benchmarks
 from samplecache_service.config.settings import Settings
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.lmdbmeta import MetaError, read_meta
