@@ -28,12 +28,6 @@ class DamagedCacheFile(StartupError):
     """The cache's LMDB data file is damaged (``check_lmdb_file``): serve exits 2."""
 
 
-def map_size_for(max_bytes: int) -> int:
-    """LMDB map size from the budget: the budget, room for freed pages still held by old readers, and
-    for raising the budget at runtime (up to twice). Only address space: the file grows as pages are used."""
-    return int(max_bytes) * 4 + (1 << 30)
-
-
 def lock_cache_dir(cache_dir: Path) -> int:
     """One daemon per cache dir: a second one would hand out the same shard ids. The kernel drops the lock
     when the process dies, even by SIGKILL. Returns the locked file descriptor."""
