@@ -1,6 +1,6 @@
 """``samplecache.arrays``: numpy batches for any framework (JAX, NumPy, anything that takes arrays).
 
-A plain iterator over the core reader: each iteration of ``NumpyBatches`` reads the job's next epoch as
+A plain iterator over the core's ``Reader``: each iteration of ``NumpyBatches`` reads the job's next epoch as
 dicts of column -> ``np.ndarray [n, *shape]`` (fixed-shape columns; with ``<name>__valid`` masks where they
 hold nulls) or list (strings, bytes, ragged lists...); ``state_dict()`` / ``load_state_dict()`` resume an
 epoch mid-way in a new process (README: "Resuming"). ``numpy_batches(...)`` is the one-call form. No
@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
-from samplecache.core import BatchOptions, CacheOptions, Position, Reader, SplitOptions
+from samplecache.core import BatchOptions, CacheOptions, Options, Position, Reader, SplitOptions
 
 _ENV = {"rank": "RANK", "world": "WORLD_SIZE", "local_rank": "LOCAL_RANK", "local_world": "LOCAL_WORLD_SIZE"}
+DEFAULT_BATCH = 256
 _LAUNCH = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID",
            "SLURM_RESTART_COUNT")
 
@@ -62,21 +63,22 @@ class NumpyBatches:
     """Iterable over the cache's epochs as numpy batches: each ``iter()`` reads the job's next epoch
     (``set_epoch`` picks one); a context manager (``close`` releases the leases)."""
 
-    def __init__(self, url: str = "http://127.0.0.1:8750", batch_size: int = 256, *,
-                 columns: Sequence[str] | None = None, shuffle: bool = True, seed: int = 0, partial: str = "pad",
-                 shuffle_buffer: int = 0, drop_last: bool = False, masks: bool = True, prefetch: int = 2,
-                 copy_threads: int | None = None, rank: int | None = None, world: int | None = None,
-                 local_rank: int | None = None, local_world: int | None = None,
-                 agree: Callable[[int, int], int] | None = None, job: str | None = None, run: str | None = None,
-                 token: str | None = None,
-                 min_samples: int = 1, wait: float = 60.0, deadline: float | None = None,
-                 retries: int | None = None, lease: bool = True) -> None:
-        self.options = BatchOptions(batch_size, drop_last, masks, prefetch, copy_threads)
+    def __init__(self, url: str | None = None, batch_size: int | None = None, *, rank: int | None = None,
+                 world: int | None = None, local_rank: int | None = None, local_world: int | None = None,
+                 agree: Callable[[int, int], int] | None = None, run: str | None = None,
+                 cache: CacheOptions | None = None, split: SplitOptions | None = None,
+                 batch: BatchOptions | None = None, **options: Any) -> None:
+        """``url`` None: ``cache``'s, else http://127.0.0.1:8750; ``batch_size`` None: ``batch``'s, else 256.
+        ``options``: the fields of ``CacheOptions``, ``SplitOptions`` and ``BatchOptions`` by name (``columns``,
+        ``seed``, ``drop_last``...), over the objects when given."""
+        if batch_size is None and batch is None:
+            batch_size = DEFAULT_BATCH
+        opts = Options.from_keywords("NumpyBatches", {"url": url, "batch_size": batch_size, **options},
+                                     cache=cache, split=split, batch=batch, batched=True)
+        self.batch = opts.batch
         self.position = position_from(rank, world, local_rank, local_world)
         self.agree = agree
-        self.reader = Reader(CacheOptions(url, columns, job, token, deadline, retries, lease, min_samples, wait),
-                             SplitOptions(shuffle, seed, partial, shuffle_buffer),
-                             run=run or launch_run(self.position.world))
+        self.reader = Reader(opts.cache, opts.split, run=run or launch_run(self.position.world))
         self._at: tuple[int, int] | None = None  # (epoch, samples handed out) of the latest iteration
 
     @property
@@ -102,15 +104,15 @@ class NumpyBatches:
         epoch = self.reader.next_epoch()
         pos = self._position(epoch)
         left = self.reader.count(epoch, pos) - self.reader.resume_point(epoch, pos, consume=False)
-        b = self.options.batch_size
-        return left // b if self.options.drop_last else -(-left // b)
+        b = self.batch.checked_batch_size()
+        return left // b if self.batch.drop_last else -(-left // b)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         epoch = self.reader.take_epoch()
         pos = self._position(epoch)
         start = self.reader.resume_point(epoch, pos)
         self._at = (epoch, start)
-        items = self.reader.iterate(epoch, pos, start, self.options)
+        items = self.reader.iterate(epoch, pos, start, self.batch)
         try:
             for done, batch in items:
                 self._at = (epoch, done)
@@ -142,7 +144,7 @@ class NumpyBatches:
         self.close()
 
 
-def numpy_batches(url: str = "http://127.0.0.1:8750", batch_size: int = 256, epoch: int | None = None, *,
+def numpy_batches(url: str | None = None, batch_size: int | None = None, epoch: int | None = None, *,
                   epochs: int = 1, state: Mapping[str, Any] | None = None, **options: Any
                   ) -> Iterator[dict[str, Any]]:
     """The batches of ``epochs`` epochs from job epoch ``epoch`` (None: the job's next), or from where

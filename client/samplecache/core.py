@@ -1,9 +1,15 @@
 """``samplecache.core``: reading the cache with no framework (numpy and the standard library only).
 
-One ``Reader`` per job: its epochs (job, manifests fetched once per process, the next one fetched ahead, leases
-while reading), the split of an epoch over ranks x workers (``Position``), and the reading itself, as
-per-sample dicts (``samples``) or columnar numpy batches (``batches``, vectorised gathers). ``ResumeState``: where
-a reader stands, as documented JSON (README). The PyTorch, TensorFlow, JAX/NumPy and DALI adapters sit on top.
+One ``Reader`` per job and process: its epochs (job, manifests fetched once per process, the next one fetched
+ahead, leases while reading), the split of an epoch over ranks x workers (``Position``), and the reading itself,
+as per-sample dicts (``samples``) or columnar numpy batches (``batches``, vectorised gathers). ``ResumeState``:
+where a job's reading stands, as documented JSON (README). What it is told comes as one object per concern
+(``CacheOptions``, ``SplitOptions``, ``BatchOptions``: ``samplecache.reading.options``, re-exported here). The
+PyTorch, TensorFlow, JAX/NumPy and DALI adapters sit on top.
+
+Words: a "reader" is the LMDB ``CacheReader`` (``samplecache.reading.reader``; ``EpochPlan.reader``); ``Reader``
+keeps its public name for the job read in one process, and adapters keep theirs at ``.reader``. One rank, or one
+of its DataLoader workers, reading its share of an epoch is a "worker".
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from samplecache.reading.bufferpool import BufferPool
 from samplecache.reading.epoch_clock import EpochClock
 from samplecache.reading.epoch_source import EpochPlan, EpochSource, MissingColumn, check_columns
 from samplecache.reading.gather import default_threads
-from samplecache.reading.partition import PARTIAL, part_range, rank_range, shard_order, spans_for
+from samplecache.reading.options import DEFAULT_URL, BatchOptions, CacheOptions, Options, SplitOptions
+from samplecache.reading.partition import part_range, rank_range, shard_order, spans_for
 from samplecache.reading.prefetch import prefetched
 from samplecache.reading.reader import split_batch
 from samplecache.reading.stream import Stream
@@ -29,6 +36,7 @@ from samplecache.reading.stream import Stream
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 STATE_VERSION = 1
+_ONE_BY_ONE = BatchOptions(None)  # frozen, so one shared instance: samples, read ahead as by default
 
 Gather = Callable[[EpochPlan, np.ndarray, np.ndarray, int], Iterator[tuple[int, Any]]]
 
@@ -40,65 +48,9 @@ def epoch_number(value: Any, name: str = "epoch") -> int:
     return int(value)
 
 
-# -- options ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CacheOptions:
-    """Where the cache is and how to talk to the daemon. ``token`` None: SAMPLECACHE_TOKEN, else the daemon's
-    token file; ``deadline`` None: SAMPLECACHE_DEADLINE, else 60 s per call; ``retries`` None: as many as the
-    deadline allows; ``min_samples``/``wait``: an epoch waits up to ``wait`` s for that many cached samples;
-    ``prefetch_next``: fetch and lease the next epoch's manifest when 95% of this one is read."""
-
-    url: str = "http://127.0.0.1:8750"
-    columns: Sequence[str] | None = None
-    job: str | None = None
-    token: str | None = None
-    deadline: float | None = None
-    retries: int | None = None
-    lease: bool = True
-    min_samples: int = 1
-    wait: float = 60.0
-    prefetch_next: bool = True
-
-
-@dataclass(frozen=True)
-class SplitOptions:
-    """How an epoch is split and ordered (``partial``: see ``samplecache.reading.partition``)."""
-
-    shuffle: bool = True
-    seed: int = 0
-    partial: str = "pad"
-    shuffle_buffer: int = 0
-
-    def __post_init__(self) -> None:
-        if self.partial not in PARTIAL:
-            raise ValueError(f"partial must be one of {PARTIAL}, not {self.partial!r}")
-        if int(self.shuffle_buffer) < 0:
-            raise ValueError(f"shuffle_buffer must be >= 0, not {self.shuffle_buffer!r}")
-
-
-@dataclass(frozen=True)
-class BatchOptions:
-    """Columnar batches: ``masks`` adds ``<name>__valid`` bool arrays for fixed columns with nulls;
-    ``prefetch`` batches are read ahead by a thread (0: none); ``copy_threads`` copy a large batch (None: the
-    usable cores, at most 4)."""
-
-    batch_size: int
-    drop_last: bool = False
-    masks: bool = True
-    prefetch: int = 2
-    copy_threads: int | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) \
-                or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, not {self.batch_size!r}")
-        if self.copy_threads is not None and self.copy_threads < 1:
-            raise ValueError("copy_threads must be a positive integer or None (the usable cores, at most 4)")
-
-
 @dataclass(frozen=True)
 class Position:
-    """Who reads: this reader's share of an epoch. ``rank``/``world`` over all hosts, ``local_rank`` /
+    """Who reads: this process's share of an epoch. ``rank``/``world`` over all hosts, ``local_rank`` /
     ``local_world`` on this host (each host splits its own manifest), ``worker``/``workers`` the data-loading
     workers of this rank; ``agreed``: with several hosts, the samples per rank agreed for the epoch (the
     largest host's count with ``pad``, the smallest with ``drop``), so every rank makes the same steps."""
@@ -194,20 +146,18 @@ def _items(counted: Iterator[tuple[int, Any]]) -> Iterator[Any]:
         counted.close()  # type: ignore[attr-defined]
 
 
-# -- the reader ---------------------------------------------------------------------------------------------
+# -- the job, read ------------------------------------------------------------------------------------------
 class Reader:
-    """One job's epochs, split and read. Picklable: copies (DataLoader workers, forked or spawned processes)
-    share the job and run, so every process of a run reads the same daemon epochs."""
+    """One job's epochs, split and read, in one process. Picklable: copies (DataLoader workers, forked or spawned
+    processes) share the job and run, so every process of a run reads the same daemon epochs."""
 
-    def __init__(self, cache: CacheOptions = CacheOptions(), split: SplitOptions = SplitOptions(), *,
+    def __init__(self, cache: CacheOptions | None = None, split: SplitOptions | None = None, *,
                  run: str | None = None) -> None:
-        """``run``: the run id every process of this training run shares (default: a new one); it ties the
-        ranks' requests for one job together."""
-        self.cache, self.split = cache, split
+        """``cache``, ``split`` None: the defaults. ``run``: the run id every process of this training run shares
+        (default: a new one); it ties the ranks' requests for one job together."""
+        self.cache, self.split = cache or CacheOptions(), split or SplitOptions()
         self.clock = EpochClock(0)
-        self.source = EpochSource(cache.url, self.clock, cache.columns, job=cache.job, token=cache.token,
-                                  retries=cache.retries, min_samples=cache.min_samples, wait=cache.wait,
-                                  lease=cache.lease, deadline=cache.deadline)
+        self.source = EpochSource(self.cache, self.clock)
         if run is not None:
             self.source.run = run
         self.pending: ResumeState | None = None  # loaded by load_state, used by the next read of its epoch
@@ -227,7 +177,7 @@ class Reader:
     # -- epochs -----------------------------------------------------------------------------------------------
     @property
     def job(self) -> str:
-        """The job this reader reads as (given, or made for this run): its epochs are its own."""
+        """The job read (given, or made for this run): its epochs are its own."""
         return self.source.job_name
 
     def set_epoch(self, epoch: int, daemon_epoch: int | None = None) -> None:
@@ -264,7 +214,7 @@ class Reader:
         return self.source.plan(epoch)
 
     def schema(self) -> dict[str, Any]:
-        """``GET /v1/schema``, its ``columns`` narrowed to (and in the order of) this reader's columns: each
+        """``GET /v1/schema``, its ``columns`` narrowed to (and in the order of) the columns asked for: each
         with ``name``, ``kind``, ``dtype``, ``shape``, ``nullable``. Raises ``MissingColumn``."""
         s = self.source
         got: dict[str, Any] = request_json(f"{s.url}/v1/schema", token=s.token, retries=s.retries,
@@ -294,29 +244,33 @@ class Reader:
     # -- reading -----------------------------------------------------------------------------------------------
     def samples(self, epoch: int, pos: Position, start: int = 0, *, prefetch: int = 2,
                 threads: int | None = None) -> Iterator[dict[str, Any]]:
-        """Per-sample dicts of column -> value (README's representations), from sample ``start`` on."""
-        return _items(self.iterate(epoch, pos, start, prefetch=prefetch, threads=threads))
+        """Per-sample dicts of column -> value (README's representations), from sample ``start`` on
+        (``prefetch``, ``threads``: ``BatchOptions.prefetch``, ``copy_threads``)."""
+        return _items(self.iterate(epoch, pos, start, BatchOptions(None, prefetch=prefetch, copy_threads=threads)))
 
     def batches(self, epoch: int, pos: Position, opts: BatchOptions, start: int = 0) -> Iterator[dict[str, Any]]:
         """Columnar batches: fixed-shape columns as ``np.ndarray [n, *shape]``, others as lists."""
+        opts.checked_batch_size()
         return _items(self.iterate(epoch, pos, start, opts))
 
     def iterate(self, epoch: int, pos: Position, start: int = 0, batch: BatchOptions | None = None, *,
-                prefetch: int = 2, threads: int | None = None, unit: int | None = None,
-                gather: Gather | None = None) -> Iterator[tuple[int, Any]]:
-        """(samples delivered so far, item): the loop under ``samples`` and ``batches`` (items are batches
-        when ``batch`` is given), with this epoch's lease held and the next epoch's manifest fetched near the
-        end. Adapters may group ``unit`` positions per item and make the items with ``gather(plan, index,
-        rows, unit)`` yielding (samples, item); ``prefetch``/``threads`` are the per-sample path's."""
+                unit: int | None = None, gather: Gather | None = None) -> Iterator[tuple[int, Any]]:
+        """(samples delivered so far, item): the loop under ``samples`` and ``batches`` (items are batches when
+        ``batch`` has a batch size, else samples; None: samples, as ``BatchOptions`` reads them by default), with
+        this epoch's lease held and the next epoch's manifest fetched near the end. Adapters may group ``unit``
+        positions per item and make the items with ``gather(plan, index, rows, unit)`` yielding (samples, item)."""
+        batch = batch or _ONE_BY_ONE
         plan = self.plan(epoch)
         stream = stream_for(plan, self.split, pos)
-        if batch is not None:
-            b, copiers = int(batch.batch_size), batch.copy_threads or default_threads()
+        threads = batch.copy_threads or default_threads()
+        b = batch.batch_size
+        if b is not None:
             unit = int(unit or b)
-            make = gather or (lambda p, i, r, u: gather_batches(p, i, r, b, copiers, batch.masks, self.buffers().alloc))
+            masks = batch.masks
+            make = gather or (lambda p, i, r, u: gather_batches(p, i, r, b, threads, masks, self.buffers().alloc))
             items = batch_items(plan, stream, start, b, unit, batch.drop_last, make, batch.prefetch)
         else:
-            items = self._sample_items(plan, stream, start, prefetch, threads or default_threads())
+            items = self._sample_items(plan, stream, start, batch.prefetch, threads)
         holder = f"rank {pos.rank} worker {pos.worker}"
         keeper = self.source.keeper(plan, holder)
         prefetch_at = int(PREFETCH_AT * stream.total) if self.cache.prefetch_next else -1
@@ -325,7 +279,7 @@ class Reader:
             for n, item in items:
                 done += n
                 if done >= prefetch_at >= 0:
-                    self.source.prefetch(epoch + 1, holder)
+                    self.source.prefetch_next(epoch + 1, holder)
                     prefetch_at = -1
                 if keeper is not None:
                     keeper.read = done - start
@@ -382,6 +336,6 @@ class Reader:
         self.close()
 
 
-__all__ = ["CacheOptions", "SplitOptions", "BatchOptions", "Position", "ResumeState", "Reader", "EpochPlan",
-           "DaemonError", "EpochGone", "MissingColumn", "stream_for", "rank_share", "batch_groups",
-           "gather_batches", "epoch_number"]
+__all__ = ["DEFAULT_URL", "CacheOptions", "SplitOptions", "BatchOptions", "Options", "Position", "ResumeState",
+           "Reader", "EpochPlan", "DaemonError", "EpochGone", "MissingColumn", "stream_for", "rank_share",
+           "batch_groups", "gather_batches", "epoch_number"]

@@ -23,14 +23,20 @@ except ImportError as e:  # pragma: no cover - the test checks it in a process w
     raise ImportError('samplecache.dali needs NVIDIA DALI: pip install "samplecache[dali]" '
                       '(the nvidia-dali-cuda120 wheel, which runs CPU-only pipelines too)') from e
 
-from samplecache.core import BatchOptions, CacheOptions, MissingColumn, Position, Reader, ResumeState, SplitOptions
+from samplecache.core import (
+    BatchOptions,
+    CacheOptions,
+    MissingColumn,
+    Options,
+    Position,
+    Reader,
+    ResumeState,
+    SplitOptions,
+)
 from samplecache.images import image_bytes
 from samplecache.reading.reader import VALID_SUFFIX
 
 Feed = Callable[[Any], Any]  # one column of a core batch -> what external_source takes for it
-
-# the default split: SplitOptions is frozen, so one shared instance is safe as a default
-_DEFAULT_SPLIT = SplitOptions()
 
 
 class UnsupportedColumn(TypeError):
@@ -114,19 +120,23 @@ class DaliSource:
     that may hold nulls, each followed by a ``<name>__valid`` bool output (NaN / 0 under the nulls in the
     column's own output); a null anywhere else is an error naming the column (DALI has no nulls)."""
 
-    def __init__(self, cache: CacheOptions, batch_size: int, *, shard_id: int = 0, num_shards: int = 1,
-                 split: SplitOptions = _DEFAULT_SPLIT, drop_last: bool = False, prefetch: int = 2,
-                 copy_threads: int | None = None, run: str | None = None, position: Position | None = None,
-                 masks: Sequence[str] = ()) -> None:
+    def __init__(self, cache: CacheOptions | None = None, batch_size: int | None = None, *, shard_id: int = 0,
+                 num_shards: int = 1, run: str | None = None, position: Position | None = None,
+                 masks: Sequence[str] = (), split: SplitOptions | None = None, batch: BatchOptions | None = None,
+                 **options: Any) -> None:
+        """``options``: the fields of ``CacheOptions``, ``SplitOptions`` and ``BatchOptions`` by name
+        (``drop_last``, ``prefetch``, ``copy_threads``...), over the objects when given; ``batch_size`` is
+        needed."""
         if num_shards > 1 and run is None and position is None:
             raise ValueError(
                 "with num_shards > 1 every shard must read the same job epochs: pass the same run=... (any string, "
                 "e.g. your launcher's job id) to the DaliSource of every shard")
+        opts = Options.from_keywords("DaliSource", {"batch_size": batch_size, **options}, cache=cache, split=split,
+                                     batch=batch, fixed={"masks": True}, batched=True)
         self.position = position or Position(rank=shard_id, world=num_shards, local_rank=shard_id,
                                              local_world=num_shards)
-        self.options = BatchOptions(batch_size=batch_size, drop_last=drop_last, masks=True, prefetch=prefetch,
-                                    copy_threads=copy_threads)
-        self.reader = Reader(cache, split, run=run)
+        self.batch = opts.batch
+        self.reader = Reader(opts.cache, opts.split, run=run)
         try:
             columns = self.reader.schema()["columns"]  # MissingColumn now for a column the cache lacks
             unknown = sorted(set(masks) - {c["name"] for c in columns})
@@ -165,7 +175,7 @@ class DaliSource:
 
     @property
     def run(self) -> str:
-        """This reader's run id: give it to the sources of the other shards of this training run."""
+        """This source's run id: give it to the sources of the other shards of this training run."""
         return self.reader.source.run
 
     def __call__(self, info: Any = None) -> list[Any]:
@@ -200,7 +210,7 @@ class DaliSource:
         start = self.reader.resume_point(epoch, self.position)
         self._epoch, self._start, self._sizes, self._ended = epoch, start, [], False
         self._count = self.reader.count(epoch, self.position)  # this shard's samples in the epoch
-        self._batches = self.reader.batches(epoch, self.position, self.options, start)
+        self._batches = self.reader.batches(epoch, self.position, self.batch, start)
 
     def _finish(self, ended: bool) -> None:
         if self._batches is not None:

@@ -33,7 +33,7 @@ Resume: ``Feed.state(batches)`` after ``batches`` batches of the current epoch, 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -49,6 +49,7 @@ from samplecache.core import (
     CacheOptions,
     EpochPlan,
     MissingColumn,
+    Options,
     Position,
     Reader,
     ResumeState,
@@ -204,36 +205,36 @@ def _position(input_context: Any, position: Position | None) -> Position:
 
 
 class Feed:
-    """One job read as ``tf.data`` datasets: the reader, the element spec and where each pipeline stands.
+    """One job read as ``tf.data`` datasets: the core's ``Reader``, the element spec and where each pipeline stands.
 
     ``dataset(input_context=...)`` may be called once per input pipeline (e.g. from the function given to
     ``strategy.distribute_datasets_from_function``): the pipelines share this feed's job and epoch clock.
     """
 
-    def __init__(self, url: str = "http://127.0.0.1:8750", columns: Sequence[str] | None = None, *,
-                 batch_size: int, drop_last: bool = False, masks: bool | Sequence[str] = False,
-                 shuffle: bool = True, seed: int = 0, partial: str = "pad", shuffle_buffer: int = 0,
-                 job: str | None = None, run: str | None = None, token: str | None = None,
-                 deadline: float | None = None, retries: int | None = None, lease: bool = True,
-                 min_samples: int = 1, wait: float = 60.0, prefetch: int = 2, copy_threads: int | None = None,
-                 resume: ResumeState | Mapping[str, Any] | None = None) -> None:
+    def __init__(self, url: str | None = None, columns: Sequence[str] | None = None, *,
+                 masks: bool | Sequence[str] = False, run: str | None = None,
+                 resume: ResumeState | Mapping[str, Any] | None = None, cache: CacheOptions | None = None,
+                 split: SplitOptions | None = None, batch: BatchOptions | None = None, **options: Any) -> None:
         """``columns`` None: every column with a tensor form. ``masks``: the columns (True: every nullable one)
         that come with ``<name>__valid``. ``job``/``run``: processes of one multi-worker run pass the same
-        two (default: a new job and run). The other options are the core's (``CacheOptions``,
-        ``SplitOptions``, ``BatchOptions``). Raises ``MissingColumn`` for a column the cache lacks."""
-        self.options = BatchOptions(batch_size, drop_last, True, prefetch, copy_threads)
-        self.reader = Reader(CacheOptions(url, columns, job, token, deadline, retries, lease, min_samples, wait),
-                             SplitOptions(shuffle, int(seed), partial, int(shuffle_buffer)), run=run)
+        two (default: a new job and run). ``options``: the fields of the core's ``CacheOptions``,
+        ``SplitOptions`` and ``BatchOptions`` by name (``batch_size`` is needed), over the objects when given.
+        Raises ``MissingColumn`` for a column the cache lacks."""
+        opts = Options.from_keywords("Feed", {"url": url, "columns": columns, **options}, cache=cache, split=split,
+                                     batch=batch, fixed={"masks": True}, batched=True)
+        self.batch = opts.batch
+        self.reader = Reader(opts.cache, opts.split, run=run)
         self.schema = self.reader.schema()  # MissingColumn here, naming the column
-        self._cols, self.left_out = _plan_columns(self.schema, columns is not None, masks)
+        named = opts.cache.columns is not None
+        self._cols, self.left_out = _plan_columns(self.schema, named, masks)
         if not self._cols:
             raise ValueError(f"no column with a tensor form to read (left out: {self.left_out})")
-        if columns is None and self.left_out:  # read only the columns that have a tensor form
+        if not named and self.left_out:  # read only the columns that have a tensor form
             self.reader.close()
-            self.reader = Reader(CacheOptions(url, [c.name for c in self._cols], job, token, deadline, retries,
-                                              lease, min_samples, wait), self.reader.split, run=self.reader.source.run)
-        self.element_spec = {k: v for c in self._cols
-                             for k, v in c.spec(batch_size if drop_last else None).items()}
+            self.reader = Reader(replace(opts.cache, columns=[c.name for c in self._cols]), opts.split,
+                                 run=self.reader.source.run)
+        static = self.batch.batch_size if self.batch.drop_last else None
+        self.element_spec = {k: v for c in self._cols for k, v in c.spec(static).items()}
         self._lock = threading.Lock()
         self._pending: dict[int, ResumeState] = {}  # pipeline -> the loaded state of its rank
         self._at: dict[int, tuple[int, int]] = {}  # pipeline -> (epoch, first sample) of its current iteration
@@ -276,8 +277,8 @@ class Feed:
                 start = pending.skip[0]
                 del self._pending[pipe]
             self._at[pipe] = (epoch, start)
-        buffers, b = Buffers(), self.options.batch_size
-        threads = self.options.copy_threads or default_threads()
+        buffers, b = Buffers(), self.batch.checked_batch_size()
+        threads = self.batch.copy_threads or default_threads()
 
         def gather(plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, unit: int
                    ) -> Iterator[tuple[int, dict[str, Any]]]:  # the core's gather_batches, into Buffers
@@ -286,7 +287,7 @@ class Feed:
             for a in range(0, len(idx), b):
                 yield min(b, len(idx) - a), {k: v[a:a + b] for k, v in got.items()}
 
-        items = self.reader.iterate(epoch, pos, start, self.options, gather=gather)
+        items = self.reader.iterate(epoch, pos, start, self.batch, gather=gather)
         try:
             for _, batch in items:
                 yield _convert(self._cols, batch)
@@ -308,7 +309,7 @@ class Feed:
             raise RuntimeError("this pipeline has not started reading: there is no position to save")
         epoch, start = at
         total = self.reader.count(epoch, pos)
-        done = min(total, start + int(batches) * self.options.batch_size)
+        done = min(total, start + int(batches) * self.batch.checked_batch_size())
         state = self.reader.state(epoch, [done])
         state.extra.update({"adapter": "tf", "pipelines": pos.world, "pipeline": pos.rank})
         return state
@@ -338,11 +339,11 @@ class Feed:
         self.close()
 
 
-def dataset(url: str = "http://127.0.0.1:8750", columns: Sequence[str] | None = None, *, batch_size: int,
-            input_context: Any = None, epoch: int | None = None, **options: Any) -> tf.data.Dataset:
-    """``Feed(url, columns, batch_size=..., **options).dataset(input_context, epoch=epoch)``: a
-    ``tf.data.Dataset`` of dicts of tensors; the feed is at ``.samplecache_feed`` (for ``state()``)."""
-    feed = Feed(url, columns, batch_size=batch_size, **options)
+def dataset(url: str | None = None, columns: Sequence[str] | None = None, *, input_context: Any = None,
+            epoch: int | None = None, **options: Any) -> tf.data.Dataset:
+    """``Feed(url, columns, **options).dataset(input_context, epoch=epoch)``: a ``tf.data.Dataset`` of dicts of
+    tensors (``batch_size=`` is needed); the feed is at ``.samplecache_feed`` (for ``state()``)."""
+    feed = Feed(url, columns, **options)
     ds = feed.dataset(input_context, epoch=epoch)
     ds.samplecache_feed = feed
     return ds

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from dataclasses import fields, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -20,6 +21,7 @@ from samplecache.core import (
     BatchOptions,
     CacheOptions,
     EpochPlan,
+    Options,
     Position,
     Reader,
     SplitOptions,
@@ -36,11 +38,6 @@ from samplecache.reading.gather import default_threads
 from samplecache.reading.stream import Stream
 
 _DATASETS = itertools.count()  # the n-th dataset made in a process: the same n on every rank
-
-
-def _setting(part: str, name: str) -> property:
-    """A constructor setting kept by the core reader: read-only here (one copy of it)."""
-    return property(lambda self: getattr(getattr(self.reader, part), name), doc=f"``{name}`` as given")
 
 
 def pinned(nbytes: int) -> np.ndarray:
@@ -67,32 +64,28 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     the same number of samples and batches, so DDP never hangs.
     """
 
-    def __init__(self, url: str = "http://127.0.0.1:8750", columns: Sequence[str] | None = None,
-                 transform: Callable[[Any], Any] | None = None, shuffle: bool = True, seed: int = 0,
-                 *, batch_size: int | None = None, drop_last: bool = False, shuffle_buffer: int = 0,
-                 partial: str = "pad", min_samples: int = 1, wait: float = 60.0, token: str | None = None,
-                 retries: int | None = None, lease: bool = True, prefetch_next: bool = True, prefetch: int = 2,
-                 copy_threads: int | None = None, job: str | None = None, deadline: float | None = None) -> None:
-        """``deadline``: seconds each call to the daemon (a manifest, a lease, the job) may take, all retries
+    def __init__(self, url: str | None = None, columns: Sequence[str] | None = None,
+                 transform: Callable[[Any], Any] | None = None, shuffle: bool | None = None, seed: int | None = None,
+                 *, cache: CacheOptions | None = None, split: SplitOptions | None = None,
+                 batch: BatchOptions | None = None, **options: Any) -> None:
+        """``url``, ``columns``, ``shuffle``, ``seed`` and ``options`` by name (``batch_size``, ``drop_last``,
+        ``partial``, ``min_samples``, ``deadline``...) are the fields of ``CacheOptions``, ``SplitOptions`` and
+        ``BatchOptions`` (None: not given), over the objects when given; ``batch_size`` None: one sample at a
+        time. ``deadline``: seconds each call to the daemon (a manifest, a lease, the job) may take, all retries
         included, before a ``DaemonError`` (default: SAMPLECACHE_DEADLINE, else 60); waiting for an epoch's
         ``min_samples`` may add ``wait`` on top. ``retries``: at most this many retries per call (default: as
         many as the deadline allows). ``token``: default SAMPLECACHE_TOKEN, else the daemon's token file."""
         super().__init__()
-        split = SplitOptions(bool(shuffle), int(seed), partial, int(shuffle_buffer))
-        if batch_size is not None and batch_size < 1:
-            raise ValueError("batch_size must be a positive integer or None")
-        if copy_threads is not None and copy_threads < 1:
-            raise ValueError("copy_threads must be a positive integer or None (the usable cores, at most 4)")
-        cache = CacheOptions(url, columns, job, token, deadline, retries, lease, min_samples, wait, prefetch_next)
-        self.reader = Reader(cache, split)  # the job's epochs, the split, the batches, the resume state
+        given = {"url": url, "columns": columns, "shuffle": shuffle, "seed": seed, **options}
+        # the tensors' batches always carry their null masks
+        opts = Options.from_keywords("SampleCacheDataset", given, cache=cache, split=split, batch=batch,
+                                     fixed={"masks": True})
+        self.reader = Reader(opts.cache, opts.split)  # the job's epochs, the split, the batches, the resume state
+        self.batch = opts.batch  # per iteration: read ahead in-process only, and copy threads by where it runs
         # every rank of a torch.distributed run (and every DataLoader worker, which gets a copy) must use
         # the same run id, so that they all read the same job: agreed once, here
         self.reader.source.run = agreed_run(self.reader.source.run, next(_DATASETS))
         self.transform = transform
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.prefetch = int(prefetch)
-        self.copy_threads = copy_threads
         self.ring: Ring | None = None  # set by SampleCacheLoader before its workers fork
         self.collate_rest = False  # set by SampleCacheLoader: list-valued columns through samplecache.collate
         self._topology = topology()
@@ -100,19 +93,15 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
         self._pool: BufferPool | None = None  # in-process batches are gathered into its reused buffers
 
-    url = _setting("source", "url")
-    columns = _setting("source", "columns")
-    token = _setting("source", "token")
-    retries = _setting("source", "retries")
-    min_samples = _setting("source", "min_samples")
-    wait = _setting("source", "wait")
-    lease = _setting("source", "lease")
-    deadline = _setting("source", "deadline")
-    shuffle = _setting("split", "shuffle")
-    seed = _setting("split", "seed")
-    partial = _setting("split", "partial")
-    shuffle_buffer = _setting("split", "shuffle_buffer")
-    prefetch_next = _setting("cache", "prefetch_next")
+    @property
+    def cache(self) -> CacheOptions:
+        """Where the cache is and how this dataset talks to the daemon (as given)."""
+        return self.reader.cache
+
+    @property
+    def split(self) -> SplitOptions:
+        """How each epoch is split and ordered (as given)."""
+        return self.reader.split
 
     @property
     def _epochs(self) -> EpochSource:  # older name, kept for scripts that read the run id
@@ -182,10 +171,11 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         """Agree with every rank on this epoch's samples per rank (multi-host jobs; call in the main
         process before iterating — SampleCacheLoader does). Returns the agreed count."""
         topo = self.topology()
-        if topo.nodes <= 1 or not (dist.is_available() and dist.is_initialized()) or self.partial == "uneven":
+        partial = self.split.partial
+        if topo.nodes <= 1 or not (dist.is_available() and dist.is_initialized()) or partial == "uneven":
             return None
         t = torch.tensor([self.reader.rank_share(epoch, self.position(epoch))], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if self.partial == "pad" else dist.ReduceOp.MIN)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if partial == "pad" else dist.ReduceOp.MIN)
         agreed = int(t.item())
         self.reader.set_agreed(epoch, agreed)
         return agreed
@@ -201,12 +191,10 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         pos = self.position(epoch, worker, workers)
         start = self.reader.resume_point(epoch, pos, consume=info is None)  # a worker's copy goes with it
         self._position = (epoch, start)
-        ahead = self.prefetch if info is None else 0  # workers are ahead already
-        batch = None
-        if self.batch_size:
-            batch = BatchOptions(int(self.batch_size), self.drop_last, True, ahead, self._threads())
-        items = self.reader.iterate(epoch, pos, start, batch, prefetch=ahead, threads=self._threads(),
-                                    unit=self._pack() * int(self.batch_size or 1), gather=self._gather)
+        ahead = self.batch.prefetch if info is None else 0  # workers are ahead already
+        batch = replace(self.batch, prefetch=ahead, copy_threads=self._threads())
+        items = self.reader.iterate(epoch, pos, start, batch, unit=self._pack() * (self.batch.batch_size or 1),
+                                    gather=self._gather)
         try:
             for done, item in items:
                 self._position = (epoch, done)
@@ -217,8 +205,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     def _threads(self) -> int:
         """Threads that copy a large batch: several in-process, one in a DataLoader worker (the workers
         already use the cores), unless ``copy_threads`` says otherwise."""
-        if self.copy_threads is not None:
-            return int(self.copy_threads)
+        if self.batch.copy_threads is not None:
+            return self.batch.copy_threads
         return default_threads() if get_worker_info() is None else 1
 
     def _pack(self) -> int:
@@ -232,7 +220,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         """(samples, item) for a group of whole batches (or the short last one): in a ring worker one item (a
         pack of batches) per ``unit`` positions, gathered into one slot; in-process one gather for all of
         them, each batch a view of it."""
-        b = int(self.batch_size or 1)
+        b = self.batch.batch_size or 1
         if self.ring is not None and get_worker_info() is not None:
             for a in range(0, len(idx), unit):
                 yield min(unit, len(idx) - a), self._collate(plan, idx[a:a + unit], rows[a:a + unit], b)
@@ -272,10 +260,11 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
 
     def batched_like_collate(self, batch_size: int, drop_last: bool) -> "SampleCacheDataset":
         """A shallow copy that makes batches equal to what DataLoader's default collation makes of these
-        samples (for SampleCacheLoader), sharing the core reader: its epoch clock, manifests, leases and
+        samples (for SampleCacheLoader), sharing the core's ``Reader``: its epoch clock, manifests, leases and
         resume state."""
         twin = copy.copy(self)
-        twin.batch_size, twin.drop_last, twin.collate_rest = int(batch_size), bool(drop_last), True
+        twin.batch = replace(self.batch, batch_size=int(batch_size), drop_last=bool(drop_last))
+        twin.collate_rest = True
         twin._pool = None
         return twin
 
@@ -301,6 +290,19 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self._position = (pending.epoch, pending.skip[0] if len(pending.skip) == 1 else 0)
         if get_worker_info() is None:
             self.agree(pending.epoch)  # several hosts: agree on the epoch's length
+
+
+def _option(concern: str, name: str) -> property:
+    """One option read-only on the dataset, as given (``ds.seed``): kept once, in its options object."""
+    return property(lambda self: getattr(getattr(self, concern), name), doc=f"``{concern}.{name}``")
+
+
+# ds.url, ds.seed, ds.batch_size...: every option, derived once from the options' fields (the dataset's own
+# attributes win: ``ds.job`` is the job read, given or made)
+for _concern, _kind in (("cache", CacheOptions), ("split", SplitOptions), ("batch", BatchOptions)):
+    for _field in fields(_kind):
+        if not hasattr(SampleCacheDataset, _field.name):
+            setattr(SampleCacheDataset, _field.name, _option(_concern, _field.name))
 
 
 __all__ = ["SampleCacheDataset", "EpochPlan", "Topology", "topology", "dist_rank_world"]

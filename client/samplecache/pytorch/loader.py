@@ -102,7 +102,7 @@ def cuda_ahead(items: Iterator[tuple[Any, Any]], device: torch.device) -> Iterat
 
 
 def pack_sizes(samples: int, batch: int, pack: int, drop_last: bool) -> list[int]:
-    """Batches per item of a reader with ``samples`` left: packs of ``pack`` whole batches, the whole
+    """Batches per item of a worker with ``samples`` left: packs of ``pack`` whole batches, the whole
     batches left over as one item, then the short batch (unless dropped). Mirrors the dataset's
     ``samplecache.reading.stream.Stream.batch_groups``."""
     whole, part = divmod(samples, batch)
@@ -123,7 +123,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             raise TypeError("pass DataLoader options to SampleCacheLoader by keyword")
         batch = kwargs.get("batch_size", 1)
         self._source = dataset
-        if (transport and dataset.batch_size is None and batch is not None and kwargs.get("collate_fn") is None
+        if (transport and dataset.batch.batch_size is None and batch is not None and kwargs.get("collate_fn") is None
                 and dataset.transform is None):
             # A per-sample dataset with default collation: let the dataset make the batches (vectorised
             # gathers; with workers, straight into the shared-memory ring). The batches are the same dicts
@@ -150,16 +150,16 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         """A shared-memory ring for the batched path with forked workers (else None)."""
         ctx = self.multiprocessing_context
         method = ctx.get_start_method() if ctx is not None else mp.get_start_method()
-        if not self.transport or self.num_workers == 0 or method != "fork" or not ds.batch_size \
+        if not self.transport or self.num_workers == 0 or method != "fork" or not ds.batch.batch_size \
                 or ds.transform is not None or self.batch_size is not None:
             return None
         if self._ring is None:
             plan = ds.plan(ds.next_epoch())
             per_sample = max(1, int(plan.manifest.get("bytes", 0)) // max(1, plan.total))
-            pack = max(1, min(MAX_PACK, PACK_BYTES // (per_sample * ds.batch_size)))
+            pack = max(1, min(MAX_PACK, PACK_BYTES // (per_sample * ds.batch.batch_size)))
             if ds.collate_rest and any(plan.schema.columns[c].kind != "fixed" for c in plan.cols):
                 pack = 1  # such columns are collated batch by batch in the worker
-            slot = int(per_sample * ds.batch_size * pack * 1.25) + 64 * (len(plan.cols) + 1) + 4096
+            slot = int(per_sample * ds.batch.batch_size * pack * 1.25) + 64 * (len(plan.cols) + 1) + 4096
             self._ring = Ring(self.num_workers, (self.prefetch_factor or 2) + 2, slot, pack)
         return self._ring
 
@@ -186,10 +186,10 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
     def _host_batches(self) -> Iterator[tuple[Any, tuple[int, int, int]]]:
         """(batch, (batches, items, batches of the item) handed out once it is)."""
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
-        reader = ds.reader  # the caller's dataset and its batching copy share it (and a loaded resume state)
-        resume = reader.pending
+        core = ds.reader  # the caller's dataset and its batching copy share it (and a loaded resume state)
+        resume = core.pending
         ds.plan(ds.next_epoch())  # mapped (or refused, e.g. EpochGone) here, before any worker asks
-        if reader.agreed(ds.next_epoch()) is None:
+        if core.agreed(ds.next_epoch()) is None:
             ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
         ds.ring = self._ring_for(ds)
         self._packed = ds.ring is not None and self._pack() > 1  # the workers send packs of batches
@@ -213,7 +213,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
                     yield batch, (taken, items, j + 1)
                 items += 1
         finally:
-            reader.pending = None
+            core.pending = None
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands, for ``load_state_dict`` in a new process."""
@@ -225,7 +225,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             return {**ds.reader.state(ds.next_epoch(), [0] * self._workers()).to_dict(), "batches": 0}
         w = self._workers()
         base = self._base or [0] * w
-        per_batch = ds.batch_size or 1
+        per_batch = ds.batch.batch_size or 1
         if self.batch_size is not None:
             per_batch *= self.batch_size
         totals = [ds.reader.count(self._epoch, ds.position(self._epoch, i, w)) for i in range(w)]
@@ -241,7 +241,7 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
 
     def _drops_last(self) -> bool:
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
-        return bool(ds.drop_last if ds.batch_size else self.drop_last)
+        return bool(ds.batch.drop_last if ds.batch.batch_size else self.drop_last)
 
     def close(self) -> None:
         """Stop the worker processes and release every lease of the dataset now (the one taken ahead for

@@ -1,4 +1,4 @@
-"""Where a reader's epochs come from: its job, the manifests, the next epoch fetched ahead, the leases.
+"""Where a job's epochs come from, in one process: the job, the manifests, the next epoch fetched ahead, the leases.
 
 Framework-free (stdlib + numpy): the PyTorch dataset, and any other adapter,
 asks it for an epoch's plan and a lease while it reads, and closes it when done.
@@ -18,6 +18,7 @@ from samplecache.api.lease import LeaseKeeper
 from samplecache.format.manifest import Manifest
 from samplecache.format.record import FORMAT_VERSION, FormatError, Schema
 from samplecache.reading.epoch_clock import EpochClock
+from samplecache.reading.options import CacheOptions
 from samplecache.reading.reader import CacheReader
 
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
@@ -47,7 +48,7 @@ def check_columns(wanted: Sequence[str], names: Sequence[str], skipped: dict[str
 
 
 class EpochPlan:
-    """One job epoch's manifest, as this reader sees it (``epoch``: the job's; ``daemon_epoch``: the daemon's)."""
+    """One job epoch's manifest, as this process reads it (``epoch``: the job's; ``daemon_epoch``: the daemon's)."""
 
     def __init__(self, manifest: dict[str, Any], columns: Sequence[str] | None, job_epoch: int | None = None) -> None:
         parsed = Manifest.from_json(manifest)
@@ -86,23 +87,21 @@ def _release(keepers: dict[int, LeaseKeeper], live: set[LeaseKeeper]) -> None:
 
 
 class EpochSource:
-    """The epochs of one job as one reader process sees them. Copies made for DataLoader workers (fork or
+    """The epochs of one job as one process sees them. Copies made for DataLoader workers (fork or
     pickle) share the job and run, so every process of the run reads the same daemon epochs."""
 
-    def __init__(self, url: str, clock: EpochClock, columns: Sequence[str] | None = None, *,
-                 job: str | None = None, token: str | None = None, retries: int | None = None,
-                 min_samples: int = 1, wait: float = 60.0, lease: bool = True, deadline: float | None = None
-                 ) -> None:
-        """``token`` None: SAMPLECACHE_TOKEN, else the daemon's token file (``samplecache.api.auth``); ``deadline``
-        None: SAMPLECACHE_DEADLINE, else 60 s; ``retries`` None: as many as the deadline allows. The
-        environment is read here, once (DataLoader workers get the values with their copy)."""
-        self.url = daemon_url(url)  # a bad URL is a ValueError now, not a connection failure later
+    def __init__(self, cache: CacheOptions, clock: EpochClock) -> None:
+        """``cache``: the daemon, the columns, the job, the leases. The environment is read here, once (the token
+        and deadline ``cache`` leaves to it; DataLoader workers get the values with their copy)."""
+        self.cache = cache
+        self.url = daemon_url(cache.url)  # a bad URL is a ValueError now, not a connection failure later
         self.clock = clock
-        self.columns = list(columns) if columns is not None else None
-        self.job, self.retries = job, retries
-        self.token = token or os.environ.get("SAMPLECACHE_TOKEN") or None
-        self.deadline = deadline_setting(deadline if deadline is not None else os.environ.get("SAMPLECACHE_DEADLINE"))
-        self.min_samples, self.wait, self.lease = int(min_samples), float(wait), lease
+        self.columns = list(cache.columns) if cache.columns is not None else None
+        self.job = cache.job  # the job read: the one given, else this run's; load_state takes a saved one over
+        self.retries = cache.retries
+        self.token = cache.token or os.environ.get("SAMPLECACHE_TOKEN") or None
+        deadline = cache.deadline if cache.deadline is not None else os.environ.get("SAMPLECACHE_DEADLINE")
+        self.deadline = deadline_setting(deadline)
         self.run = new_run()
         self.resume = False  # the job must exist (set by load_state_dict)
         self._client: JobClient | None = None
@@ -142,15 +141,16 @@ class EpochSource:
 
     def replay(self, epoch: int, daemon_epoch: int) -> None:
         """Make job epoch ``epoch`` read the sealed ``daemon_epoch`` (asked now, before any worker asks)."""
-        self.attach().daemon_epoch(epoch, self.min_samples, self.wait, replay=daemon_epoch)
+        self.attach().daemon_epoch(epoch, self.cache.min_samples, self.cache.wait, replay=daemon_epoch)
 
     def plan(self, epoch: int) -> EpochPlan:
         """The manifest of job epoch ``epoch`` (fetched once per process; the job's first request seals it)."""
         with self._lock:
             got = self._plans.get(epoch)
         if got is None:
-            daemon_epoch = self.attach().daemon_epoch(epoch, self.min_samples, self.wait)
-            manifest = fetch_manifest(self.url, daemon_epoch, self.min_samples, self.wait, self.token, self.retries,
+            wait, min_samples = self.cache.wait, self.cache.min_samples
+            daemon_epoch = self.attach().daemon_epoch(epoch, min_samples, wait)
+            manifest = fetch_manifest(self.url, daemon_epoch, min_samples, wait, self.token, self.retries,
                                       self.deadline)
             got = EpochPlan(manifest, self.columns, epoch)
             with self._lock:
@@ -173,14 +173,14 @@ class EpochSource:
         if late:
             keeper.release()
 
-    def prefetch(self, epoch: int, holder: str) -> None:
+    def prefetch_next(self, epoch: int, holder: str) -> None:
         """Fetch (so seal) the next epoch's manifest and take its lease before this epoch ends."""
         def run() -> None:
             try:
                 plan = self.plan(epoch)
                 # Lease it now, so its shards stay pinned until it is read. A worker that is not persistent
                 # releases it when it exits; the job's new mapping pins the epoch for a TTL meanwhile.
-                if self.lease and epoch not in self._keepers and epoch not in self._started and not self.closed:
+                if self.cache.lease and epoch not in self._keepers and epoch not in self._started and not self.closed:
                     self._store_ahead(epoch, self._new_keeper(plan, holder))
             except (DaemonError, KeyError, ValueError):
                 pass  # the next iteration fetches it again and reports the error there
@@ -205,7 +205,7 @@ class EpochSource:
         if got is None or got.lost is not None or not got.alive():
             if got is not None:
                 got.release()
-            got = self._new_keeper(plan, holder) if self.lease else None
+            got = self._new_keeper(plan, holder) if self.cache.lease else None
         if got is not None:
             self._live.add(got)
         return got
