@@ -1,4 +1,4 @@
-"""This reader's job on the daemon: its own epochs 0, 1, 2... whatever the daemon's global epoch count.
+"""This process's job on the daemon: its own epochs 0, 1, 2... whatever the daemon's global epoch count.
 
 Every process of one run (ranks, DataLoader workers, hosts) uses the same job name
 and ``run`` id, so they attach to one job and map each job epoch to the same daemon

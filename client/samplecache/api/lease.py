@@ -1,6 +1,6 @@
-"""A reader's lease on an epoch: taken when reading starts, heartbeated, released at the end.
+"""A lease on an epoch, held while a process reads it: taken when reading starts, heartbeated, released at the end.
 
-While the lease lives the daemon never evicts a shard of the epoch. A reader
+While the lease lives the daemon never evicts a shard of the epoch. A process
 that dies stops heartbeating and its lease expires after its TTL.
 """
 

@@ -1,4 +1,4 @@
-"""Where a reader sits in the job: its global rank and world size, and its rank among its host's ranks.
+"""Where this process sits in the job: its global rank and world size, and its rank among its host's ranks.
 
 torch.distributed is the source in the main process; inside DataLoader workers (where it is not usable)
 the torchrun environment is.
@@ -25,7 +25,7 @@ def dist_rank_world() -> tuple[int, int]:
 
 
 class Topology(NamedTuple):
-    """Where this reader sits: global rank/world and its rank among the ranks of its host."""
+    """Where this process sits: global rank/world and its rank among the ranks of its host."""
 
     rank: int
     world: int

@@ -98,7 +98,7 @@ class _Region:
 
 
 class SlotWriter:
-    """Hands out arrays inside one slot, for a reader to gather a batch into."""
+    """Hands out arrays inside one slot, for a worker to gather a batch into."""
 
     def __init__(self, ring: Ring, slot: int) -> None:
         self.ring, self.slot, self.used = ring, slot, 0

@@ -1,4 +1,4 @@
-"""Columnar batches of one reader's stream: which positions are read together, and how far ahead (no framework).
+"""Columnar batches of one worker's stream: which positions are read together, and how far ahead (no framework).
 
 Small batches are read about a chunk at a time, each batch a view of the chunk's arrays; large ones
 (``BATCH_ALONE_BYTES`` and up) one by one, so each is written into memory the consumer just freed (still in the

@@ -1,4 +1,4 @@
-"""One reader's stream of samples for an epoch: which (shard, row) comes next.
+"""One worker's stream of samples for an epoch (a rank, or one of its DataLoader workers): which (shard, row) is next.
 
 Built from the spans this rank x worker owns (``partition.py``), each shard's
 row order, and an optional bounded shuffle: the stream is cut into windows of
@@ -20,7 +20,7 @@ DEFAULT_CHUNK = 4096
 
 
 class Stream:
-    """Positions of one reader's samples, produced in chunks of (manifest index, row) arrays."""
+    """Positions of one worker's samples, produced in chunks of (manifest index, row) arrays."""
 
     def __init__(self, spans: Sequence[Span], shard_ids: np.ndarray, shard_rows: np.ndarray, seed: int,
                  epoch: int, shuffle: bool, shuffle_buffer: int = 0, key: int = 0) -> None:
@@ -28,7 +28,7 @@ class Stream:
         self.ids, self.rows = shard_ids, shard_rows
         self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
         self.window = int(shuffle_buffer) if shuffle and shuffle_buffer > 1 else 0
-        self.key = key  # tells readers apart for the window shuffle (rank * workers + worker)
+        self.key = key  # tells workers apart for the window shuffle (rank * workers + worker)
         self.lengths = np.array([len(s) for s in self.spans], dtype=np.int64)
         self.ends = np.cumsum(self.lengths)
         self.total = int(self.ends[-1]) if len(self.ends) else 0
