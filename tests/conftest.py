@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pytest
+from http_source import http_source  # noqa: F401  (a fixture: a local HTTP source whose URL has a password)
 from parquet_data import write_dataset
 
 from samplecache_tools.launch import DaemonProcess

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-from test_e2e_types import by_id, compare_table, read_epoch, upload
+from epoch_check import by_id, compare_table, read_epoch, upload
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from http_source import SECRET
 from paths import REPO
-from test_e2e_redaction import SECRET, http_source  # noqa: F401  (a fixture: an HTTP source with a password)
 
 from samplecache_service.ops.logs import (
     CONTEXT_KEYS,
