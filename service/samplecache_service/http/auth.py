@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from samplecache.format.constants import TOKEN_FILE_NAME
+from samplecache_service.files import make_dir
 from samplecache_service.store.cachedir import StartupError
 
 if TYPE_CHECKING:
@@ -75,8 +76,8 @@ def _read(path: Path) -> str | None:
 
 def _create(path: Path) -> str:
     """A new random token in a new file at ``path`` (0640; fails if anything appeared there meanwhile)."""
-    if not path.parent.exists():  # a cache dir not made yet (the daemon makes it 0750 too)
-        path.parent.mkdir(mode=0o750, parents=True)
+    if not path.parent.exists():  # a dir not made yet: 0750 whatever the umask, so the group reaches the token
+        make_dir(path.parent)
     token = secrets.token_urlsafe(32)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, TOKEN_MODE)

@@ -12,6 +12,7 @@ from pathlib import Path
 from samplecache.format.record import FORMAT_VERSION
 from samplecache_service.config.mapsize import map_size_for as map_size_for  # for the daemon and benchmarks
 from samplecache_service.config.settings import Settings
+from samplecache_service.files import FILE_MODE, fix_mode
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.lmdbmeta import MetaError, read_meta
 from samplecache_service.store.writer import Writer
@@ -31,13 +32,17 @@ class DamagedCacheFile(StartupError):
 def lock_cache_dir(cache_dir: Path) -> int:
     """One daemon per cache dir: a second one would hand out the same shard ids. The kernel drops the lock
     when the process dies, even by SIGKILL. Returns the locked file descriptor."""
-    fd = os.open(cache_dir / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(cache_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
+        fix_mode(fd, FILE_MODE)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise StartupError(f"cache_dir {cache_dir} is in use by another samplecache daemon "
                            f"(it holds {cache_dir / 'daemon.lock'})") from None
+    except OSError:
+        os.close(fd)
+        raise
     return fd
 
 
