@@ -5,12 +5,11 @@ keep-alive connection. Prints, at each step, the median take time of the last 10
 ``GET /v1/status``; then restarts the daemon and checks that every lease came back. A take writes one lease
 record, so its time should stay flat however many leases there are; status lists the newest 50 only.
 
-    python -m benchmarks.leases [--leases 4000] [--steps 1000,2000,4000] [--workdir DIR]
+    python -m benchmarks.leases [--leases 4000] [--steps 1000,2000,4000] [--quick] [--json FILE] [--workdir DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import statistics
@@ -22,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .harness import start_daemon, stop_daemon
+from .harness import cli, report, start_daemon, stop_daemon
 
 
 def _call(conn: http.client.HTTPConnection, method: str, path: str, token: str, body: Any = None) -> tuple[int, bytes]:
@@ -34,11 +33,14 @@ def _call(conn: http.client.HTTPConnection, method: str, path: str, token: str, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.parser(__doc__)
+    cli.common(ap, quick="300 leases, reported at 100 and 300 (a smoke run)")
     ap.add_argument("--leases", type=int, default=4000)
     ap.add_argument("--steps", default="1000,2000,4000", help="lease counts to report at (comma-separated)")
-    ap.add_argument("--workdir", type=Path, default=Path("bench-data"))
     args = ap.parse_args(argv)
+    if args.quick:
+        args.leases, args.steps = 300, "100,300"
+    rows: list[dict[str, Any]] = []
     steps = sorted(int(s) for s in args.steps.split(",") if int(s) <= args.leases)
     args.workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
@@ -68,8 +70,9 @@ def main(argv: list[str] | None = None) -> None:
                     status_ms = (time.perf_counter() - t0) * 1e3
                     st = json.loads(raw)
                     assert st["leases_live"] == i, st["leases_live"]
-                    print(f"{i:>8} {statistics.median(took[-100:]) * 1e3:>30.2f} {len(raw) / 1024:>10.1f} "
-                          f"{status_ms:>10.1f}")
+                    rows.append({"leases": i, "take_ms": statistics.median(took[-100:]) * 1e3,
+                                 "status_bytes": len(raw), "status_ms": status_ms})
+                    print(f"{i:>8} {rows[-1]['take_ms']:>30.2f} {len(raw) / 1024:>10.1f} {status_ms:>10.1f}")
             conn.close()
         finally:
             stop_daemon(d)
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
             assert back == args.leases, back
         finally:
             stop_daemon(d)
+    report.write_report(args.json, rows)
 
 
 if __name__ == "__main__":

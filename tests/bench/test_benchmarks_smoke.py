@@ -294,6 +294,20 @@ def test_epoch_gap_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e
+def test_leases_quick(tmp_path: Path) -> None:
+    """Lease takes measured at each step with the status counting them all, and every lease back after a
+    restart; its temporary data under --workdir removed."""
+    out, work = tmp_path / "leases.json", tmp_path / "bench-data"
+    proc = bench("leases", "--quick", "--json", out, "--workdir", work)
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0 and out.exists(), report
+    rows = json.loads(out.read_text())
+    assert [r["leases"] for r in rows] == [100, 300] and all(r["take_ms"] > 0 for r in rows), report
+    assert "after a restart: 300 of 300 leases live" in proc.stdout, report
+    assert list(work.iterdir()) == [], report
+
+
+@pytest.mark.e2e
 def test_parquet_units_quick(tmp_path: Path) -> None:
     """One large row group and many tiny ones through the real sampling task: every row staged, no error."""
     out, work = tmp_path / "units.json", tmp_path / "bench-data"
