@@ -86,7 +86,7 @@ def _server(config: Any, on_hup: Any) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from samplecache_service.config.file import ConfigError
+    from samplecache_service.config.file import ConfigError, exposed_secrets
     from samplecache_service.config.redact import redact
     from samplecache_service.daemon import Daemon
     from samplecache_service.http.app import create_app
@@ -107,6 +107,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     held: list[int] = []
     previous = signal.signal(signal.SIGHUP, lambda signum, frame: held.append(signum))
     configure_logging(settings.log_level, settings.log_format)  # uvicorn's records too (log_config=None below)
+    for warning in exposed_secrets(loaded):
+        logging.getLogger("samplecache.cli").warning("%s", warning, extra={"event": "secret_exposed"})
     try:
         daemon = Daemon(settings, reset=bool(getattr(args, "reset_cache_once", False)))
         daemon.check_remote()
@@ -227,7 +229,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from samplecache_service.config.file import ConfigError, shown
+    from samplecache_service.config.file import ConfigError, exposed_secrets, shown
     from samplecache_service.config.mapsize import map_problem
 
     try:
@@ -242,12 +244,17 @@ def cmd_config(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     values = shown(loaded.settings)
+    warnings = exposed_secrets(loaded)
+    for warning in warnings:
+        print(f"samplecache config: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps({"config_file": str(loaded.config.path) if loaded.config.path else None,
-                          "settings": {n: {"value": v, "source": loaded.sources[n]} for n, v in values.items()}},
-                         indent=2))
+                          "settings": {n: {"value": v, "source": loaded.sources[n]} for n, v in values.items()},
+                          "warnings": warnings}, indent=2))
         return 0
     print(f"# config file: {loaded.config.path or 'none'}")
+    for warning in warnings:
+        print(f"# warning: {warning}")
     w = max(len(n) for n in values)
     vw = min(48, max(len(json.dumps(v)) for v in values.values()))
     for n, v in values.items():

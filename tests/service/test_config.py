@@ -120,6 +120,41 @@ def test_config_command_prints_every_setting_its_source_and_masks_secrets(tmp_pa
     assert "hunter2" not in j.stdout
 
 
+def test_config_warns_when_a_secret_is_a_flag_every_local_user_can_read(tmp_path: Path) -> None:
+    """--token and --storage-options show in /proc/PID/cmdline (issue 21, item 12): said on stderr and in the
+    output; the file and environment forms say nothing."""
+    r = _cli(["config", "--token", "sekrit-token", "--storage-options", '{"secret": "s3cr3t"}'], tmp_path)
+    assert r.returncode == 0, r.stderr
+    warned = [ln for ln in r.stderr.splitlines() if "warning" in ln]
+    assert len(warned) == 2 and "--token-file FILE or SAMPLECACHE_TOKEN" in warned[0], r.stderr
+    assert "--storage-options-file FILE" in warned[1] and all("/proc/PID/cmdline" in w for w in warned)
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("# warning: ")] == [
+        "# warning: " + w.split("warning: ", 1)[1] for w in warned]
+    for secret in ("sekrit-token", "s3cr3t"):
+        assert secret not in r.stdout + r.stderr
+    doc = json.loads(_cli(["config", "--token", "t", "--json"], tmp_path).stdout)
+    assert len(doc["warnings"]) == 1 and "--token " in doc["warnings"][0]
+
+    options = tmp_path / "options.json"
+    options.write_text('{"secret": "s3cr3t"}')
+    options.chmod(0o600)
+    r = _cli(["config", "--storage-options-file", str(options)], tmp_path, env={"SAMPLECACHE_TOKEN": "t"})
+    assert r.returncode == 0 and "warning" not in r.stderr + r.stdout, r.stderr
+    options.chmod(0o644)  # every user can read the file: said too
+    r = _cli(["config", "--storage-options-file", str(options)], tmp_path)
+    assert "can be read by every user (mode 644)" in r.stderr, r.stderr
+
+
+def test_serve_logs_a_secret_given_as_a_flag_at_start(tmp_path: Path) -> None:
+    r = _cli(["serve", "--cache-dir", str(tmp_path / "c"), "--log-format", "json", "--token", "sekrit-token"],
+             tmp_path)
+    assert r.returncode == 1  # no source: it stops after the start log
+    lines = [json.loads(ln) for ln in r.stderr.splitlines() if ln.startswith("{")]
+    exposed = [ln for ln in lines if ln["event"] == "secret_exposed"]
+    assert len(exposed) == 1 and exposed[0]["level"] == "warning" and "--token" in exposed[0]["msg"], lines
+    assert "sekrit-token" not in r.stderr
+
+
 def _example_values() -> dict[str, Any]:
     """The example config with every commented ``# key = value`` line turned on."""
     lines = []
@@ -129,11 +164,13 @@ def _example_values() -> dict[str, Any]:
     return tomllib.loads("\n".join(lines))
 
 
-def test_every_setting_is_in_the_example_config_and_it_is_valid() -> None:
+def test_every_setting_is_in_the_example_config_and_it_is_valid(tmp_path: Path) -> None:
     values = _example_values()
     assert set(values) == set(FIELDS), f"missing: {set(FIELDS) - set(values)}, unknown: {set(values) - set(FIELDS)}"
     read_config(EXAMPLE)  # the file as shipped parses, with no unknown key
-    s = Settings.layered({}, {**values, "node_rank": 0})
+    options = tmp_path / "storage-options.json"  # the example names a file of the host's; it is read at start
+    options.write_text("{}")
+    s = Settings.layered({}, {**values, "node_rank": 0, "storage_options_file": str(options)})
     assert int(s.max_bytes) == 500 * 2**30
 
 

@@ -205,7 +205,9 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "EPOCHS_KEPT": "7",
         "MAX_LEASES": "100",
         "MAX_LEASES_PER_JOB": "10",
+        "STORAGE_OPTIONS_FILE": str(tmp_path / "options.json"),
     }
+    (tmp_path / "options.json").write_text('{"key": "AKIA", "anon": false}')
     for k, v in env.items():
         monkeypatch.setenv("SAMPLECACHE_" + k, v)
     s = Settings()
@@ -215,7 +217,9 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert int(s.min_free_disk) == 500 * 10**6
     assert s.samplers == 3
     assert (s.host, s.port, s.token) == ("0.0.0.0", 9999, "tok")
-    assert s.storage_options == {"anon": True, "endpoint_url": "http://x"}
+    # the file's options, under SAMPLECACHE_STORAGE_OPTIONS' keys
+    assert s.storage_options == {"key": "AKIA", "anon": True, "endpoint_url": "http://x"}
+    assert s.storage_options_file == tmp_path / "options.json"
     assert s.columns == ["id", "text"]
     assert s.seed == 17 and s.eviction_policy == "lru" and s.lease_ttl == 12.5 and s.epoch_headroom == 0.3
     assert s.epoch_max_samples == 1000 and s.discover_interval == 30
@@ -337,6 +341,28 @@ def test_serve_with_a_budget_lmdb_cannot_map_exits_2_with_the_largest_that_works
     assert "source is not set" in r.stderr and r.returncode == 1, r.stderr  # LMDB opened; it stopped later
 
 
+def test_storage_options_file_holds_the_credentials_and_the_flag_wins_per_key(tmp_path: Path) -> None:
+    f = tmp_path / "options.json"
+    f.write_text('{"key": "AKIA", "secret": "s3cr3t", "anon": true}')
+    s = Settings(storage_options_file=f, storage_options='{"anon": false, "endpoint_url": "http://x"}')
+    assert s.storage_options == {"key": "AKIA", "secret": "s3cr3t", "anon": False, "endpoint_url": "http://x"}
+    assert s.public()["storage_options"] == ["anon", "endpoint_url", "key", "secret"]  # names, never values
+
+
+@pytest.mark.parametrize("content,why", [
+    (None, "No such file"), ("AKIA-SECRET, not json", "is not JSON"), ('["AKIA-SECRET"]', "must hold a JSON object"),
+    ("x" * (1 << 20) + "AKIA-SECRET", "larger than"),
+])
+def test_a_bad_storage_options_file_exits_2_without_quoting_it(content: str | None, why: str, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "options.json"
+    if content is not None:
+        f.write_text(content)
+    assert main(["config", "--storage-options-file", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert why in err and str(f) in err and "AKIA-SECRET" not in err, err
+
+
 def test_serve_with_bad_storage_options_env_exits_2(tmp_path: Path) -> None:
     r = _serve(["--source", str(tmp_path)], tmp_path, env={"SAMPLECACHE_STORAGE_OPTIONS": "notjson"})
     assert r.returncode == 2, r.stderr
@@ -360,8 +386,9 @@ def serve_help(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.mark.parametrize("name", FIELDS)
-def test_every_setting_is_a_serve_flag(name: str, serve_help: str) -> None:
+def test_every_setting_is_a_serve_flag(name: str, serve_help: str, tmp_path: Path) -> None:
     flag = _flag(name)
+    (tmp_path / "options.json").write_text('{"b": 2}')
     assert re.search(rf"(^|\s){re.escape(flag)}(\s|$)", serve_help, re.M), f"{flag} missing from serve --help"
     # and it reaches Settings under its own name
     value = {"source": "s3://x/", "cache_dir": "/tmp/x", "max_bytes": "2GiB", "min_free_disk": "1GB",
@@ -372,7 +399,8 @@ def test_every_setting_is_a_serve_flag(name: str, serve_help: str) -> None:
              "epoch_wait_max": "4", "epochs_kept": "9", "retry_seconds": "2", "log_level": "error", "pacing": "off",
              "replace_per_epoch": "0.5", "max_ingest_rate": "1MB", "unit_bytes": "16MiB",
              "schema_file": "/tmp/schema.parquet", "auth": "off", "token_file": "/tmp/token",
-             "max_body_bytes": "2MiB", "log_format": "json", "max_leases": "99", "max_leases_per_job": "9"}.get(name)
+             "max_body_bytes": "2MiB", "log_format": "json", "max_leases": "99", "max_leases_per_job": "9",
+             "storage_options_file": str(tmp_path / "options.json")}.get(name)
     if value is None:
         pytest.fail(f"new setting {name!r}: add a sample value to this test")
     args = build_parser().parse_args(["serve", flag, value])

@@ -28,6 +28,9 @@ else:  # pragma: no cover - the tomli backport has the same interface
 DEFAULT_CONFIG = Path("/etc/samplecache/samplecache.toml")
 CONFIG_ENV = "SAMPLECACHE_CONFIG"
 SECRETS = ("token", "storage_options")
+# a secret given as a flag is in /proc/PID/cmdline, which every local user can read (ps): where to keep it instead
+SAFER = {"token": "--token-file FILE or SAMPLECACHE_TOKEN",
+         "storage_options": "--storage-options-file FILE or SAMPLECACHE_STORAGE_OPTIONS"}
 
 
 class ConfigError(Exception):
@@ -158,6 +161,20 @@ def load(flags: Mapping[str, Any], config: str | Path | None = None) -> Loaded:
     except ValidationError as e:
         raise ConfigError(_explain(e, sources, cfg)) from None
     return Loaded(settings, sources, cfg)
+
+
+def exposed_secrets(loaded: Loaded) -> list[str]:
+    """Warnings, one per secret other local users can read: given as a flag, or in a file every user may read."""
+    out = [f"{flag(name)} is on the command line, where every local user can read it (ps, /proc/PID/cmdline): "
+           f"use {safer} instead" for name, safer in SAFER.items() if loaded.sources[name].startswith("flag")]
+    path = loaded.settings.storage_options_file
+    try:
+        mode = path.stat().st_mode & 0o777 if path is not None else 0
+    except OSError:
+        mode = 0
+    if mode & 0o004:
+        out.append(f"storage_options_file {path} can be read by every user (mode {mode:o}): chmod 600 it")
+    return out
 
 
 def shown(settings: Settings) -> dict[str, Any]:

@@ -29,6 +29,7 @@ MIN_BUDGET = 4096  # the smallest max_bytes: one block
 SIZE_LIMITS = {"max_bytes": MAX_BUDGET, "min_free_disk": 1 << 60, "max_ingest_rate": 1 << 60,
                "max_body_bytes": GiB, "block_bytes": GiB, "unit_bytes": 64 * GiB}
 DAY = 86400.0
+MAX_OPTIONS_FILE = 1 << 20  # a storage_options_file larger than this is not one
 _SIZE = re.compile(r"\s*\d*\.?\d+\s*[A-Za-z]*\s*")
 
 
@@ -60,6 +61,25 @@ class _ConfigFileSource(PydanticBaseSettingsSource):
         return dict(_from_file.get())
 
 
+def _json_object_file(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` (storage_options_file); the errors never quote the file's text."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_OPTIONS_FILE + 1)
+    except OSError as e:
+        raise ValueError(f"storage_options_file {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_OPTIONS_FILE:
+        raise ValueError(f"storage_options_file {path} is larger than {MAX_OPTIONS_FILE} bytes: not a JSON object "
+                         "of options")
+    try:
+        got = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"storage_options_file {path} is not JSON: {e}") from None
+    if not isinstance(got, dict):
+        raise ValueError(f"storage_options_file {path} must hold a JSON object")
+    return got
+
+
 def default_samplers() -> int:
     return max(1, (os.cpu_count() or 2) - 1)
 
@@ -89,6 +109,9 @@ class Settings(BaseSettings):
                                     "or created with a random token, mode 0640 (default: <cache_dir>/api-token)")
     max_body_bytes: ByteSize = Field(ByteSize(2**20), description="Largest request body accepted "
                                      "(larger: 413, refused before it is read)")
+    storage_options_file: Path | None = Field(None, description="File of a JSON object of fsspec options, read at "
+                                              "start: credentials stay off the command line (storage_options' keys "
+                                              "win over the file's)")
     storage_options: Annotated[dict[str, Any], NoDecode] = Field(
         default_factory=dict, description="JSON object passed to fsspec (endpoint, credentials, ...)")
     columns: list[str] | None = Field(None, description="Sample only these columns "
@@ -242,6 +265,12 @@ class Settings(BaseSettings):
         if not isinstance(v, dict):
             raise ValueError("must be a JSON object")
         return v
+
+    @field_validator("storage_options")
+    @classmethod
+    def _with_file(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        path = info.data.get("storage_options_file")
+        return v if path is None else {**_json_object_file(path), **v}
 
     @property
     def lmdb_path(self) -> Path:
