@@ -4,6 +4,8 @@ a flood of epoch seals. Each test runs a real ``samplecache serve`` against the 
 - disk full on a small tmpfs made by the test: sampling pauses with a reason, /healthz stays 200, a SIGKILLed
   daemon restarts on the full disk (no crash loop), sampling resumes when space returns, and every shard reads back
   exactly (0 corruption);
+- a full disk, then a lower budget: ingest resumes within seconds (LMDB reuses the pages an eviction freed only
+  after one more commit), and the log says "disk space is back" once, not at every failed retry;
 - the cache dir deleted under a running daemon: /healthz answers 503 with the reason within 10 s;
 - SIGTERM to the whole process group (what systemd and ``docker stop`` send): exit 0, no sampler replaced, no
   warning line;
@@ -117,6 +119,38 @@ def test_disk_full_pauses_restarts_and_recovers(daemon: Callable[..., Any], nois
     assert len(summary.shard_ids) == resumed["shards"] or len(summary.shard_ids) >= s2["shards"]
     print(f"after the remount: {resumed['shards']} shards; the checker read {len(summary.shard_ids)} shards, "
           f"0 problems")
+
+
+def test_a_lower_budget_on_a_full_disk_resumes_ingest(daemon: Callable[..., Any], noise_source: str,
+                                                      small_disk: Path, until: Callable[..., Any]) -> None:
+    """No guard: LMDB's commits fail with an I/O error once the tmpfs is full. A lower budget evicts; the held
+    shard used to fail for ever as the same transaction, which could not reuse the pages the eviction freed."""
+    cache = small_disk / "cache"
+    d = daemon(noise_source, cache, samplers=1, extra=["--max-bytes", "64MiB", "--min-free-disk", "0",
+                                                       "--pacing", "off", "--retry-seconds", "1"])
+
+    def ingested() -> int:
+        s = status(d)
+        return int(s["shards"]) + int(s["evictions"])
+
+    until(lambda: "disk full while ingesting" in (status(d)["sampler"]["reason"] or ""), 90,
+          "an LMDB commit to fail on the full disk")
+    stuck, back = ingested(), d.log_tail(10 ** 6).count("disk space is back")
+    time.sleep(4)  # four retries, each failing
+    assert ingested() == stuck, "nothing was freed, yet a shard was written"
+    assert d.log_tail(10 ** 6).count("disk space is back") == back, "a failing retry was logged as space back"
+
+    req = urllib.request.Request(d.url + "/v1/config", method="PATCH", data=json.dumps({"max_bytes": "3MiB"}).encode(),
+                                 headers={**d.headers, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+    t0 = time.monotonic()
+    until(lambda: ingested() >= stuck + 3, 30, "ingest to resume after the lower budget")
+    print(f"\n{ingested() - stuck} shards ingested {time.monotonic() - t0:.1f} s after the PATCH; "
+          f"reason now {status(d)['sampler']['reason']!r}")
+    s = status(d)
+    assert s["bytes"] <= 3 << 20 and s["health"]["problems"] == [], s
+    assert d.log_tail(10 ** 6).count("disk space is back") >= back + 1
 
 
 def test_cache_dir_deleted_makes_healthz_fail(daemon: Callable[..., Any], noise_source: str, tmp_path: Path,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import logging
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Iterable, cast
@@ -778,6 +779,25 @@ def test_disk_full_while_ingesting_holds_the_shard_until_room(tmp_path: Path) ->
     assert len(rig.writer.ingested) == 2 and rig.catalog.unit_resident(t.path, t.row_group)
     assert len(rig.samplers.submitted) == 1  # the shard was kept: its unit is not sampled again
     assert rig.sched.complete
+
+
+def test_a_full_disk_is_logged_once_and_space_back_only_once_a_shard_is_written(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every retry used to say "disk space is back" (every --retry-seconds, while the writes kept failing)."""
+    rig = Rig(tmp_path, table(files=1, groups=1), retry_seconds=5.0)
+    rig.turn()
+    enospc = OSError(errno.ENOSPC, "No space left on device")
+    rig.writer.outcomes = [enospc, enospc, enospc]
+    caplog.set_level(logging.INFO, logger="samplecache.daemon")
+    t = rig.sample_ok()
+    rig.turn(2)
+    for _ in range(3):  # two failed retries, then one that writes the shard
+        rig.clock.advance(5.0)
+        rig.turn(2)
+    assert len(rig.writer.ingested) == 4 and rig.catalog.unit_resident(t.path, t.row_group)
+    events = [getattr(r, "event", None) for r in caplog.records if getattr(r, "event", None) in (
+        "disk_full", "disk_space_back")]
+    assert events == ["disk_full", "disk_space_back"], [r.getMessage() for r in caplog.records]
 
 
 # ----------------------------------------------------------------------------- completion

@@ -69,6 +69,7 @@ class Scheduler:
         self.user_paused = False
         self.complete = False  # every readable remote unit is resident: nothing new to sample
         self.disk_full: str | None = None
+        self._full_since: float | None = None  # since when writes fail for want of space (until one succeeds)
         self.last_error: str | None = None
         self.remote_errors = 0
         self.evicted_shards = 0
@@ -170,9 +171,9 @@ class Scheduler:
             free = self.disk.free()
             if free < self.budget.min_free_disk or self.clock() < self._backoff_until:
                 return self.disk_full
+            # try again; "disk space is back" is said once a shard is written, not at every retry
             self.disk_full = None
-            log.info("disk space is back (%d bytes free for shards): sampling resumes", free,
-                     extra={"event": "disk_space_back"})
+            log.debug("retrying after a full disk (%d bytes free for shards)", free)
         if self._held or self._retrying:
             pinned = sorted(self.pinned_epochs())
             waiting = len(self._held) + self._retrying
@@ -392,6 +393,7 @@ class Scheduler:
             return
         if r.final:
             self.planner.done(r.task.cycle, r.task.unit)
+        self._space_back()
         done = fut.result()
         self.evicted_shards += len(done.evicted)
         if done.shard is not None:
@@ -405,7 +407,19 @@ class Scheduler:
         self.disk_full = f"disk full {where}: {error} (sampling resumes once min_free_disk is free again)"
         self._backoff_until = self.clock() + self.settings.retry_seconds
         self.last_error = self.disk_full
-        log.error("%s", self.disk_full, extra={"event": "disk_full"})
+        if self._full_since is None:
+            self._full_since = self.clock()
+            log.error("%s", self.disk_full, extra={"event": "disk_full"})
+        else:  # the retries of one full disk: status shows it; the log said it once
+            log.debug("%s", self.disk_full)
+
+    def _space_back(self) -> None:
+        """A shard was written: a full disk, if there was one, has room again."""
+        if self._full_since is None:
+            return
+        log.info("disk space is back after %.0f s (%d bytes free for shards): sampling resumes",
+                 self.clock() - self._full_since, self.disk.free(), extra={"event": "disk_space_back"})
+        self._full_since = None
 
     def quarantine(self, path: str, reason: str, kind: ErrorKind = ErrorKind.CORRUPT) -> None:
         info = self.catalog.file(path)

@@ -6,7 +6,8 @@ Layout of the LMDB environment (``<cache-dir>/lmdb``):
 * ``shards``:  shard id (8 bytes BE) -> shard JSON
 * ``epochs``:  epoch (8 bytes BE) -> sealed manifest JSON
 * ``files``:   remote path -> file JSON (row groups, quarantine: store/fileinfo.py)
-* ``meta``:    b"format", b"source", b"schema", b"cursor", b"next_shard"
+* ``meta``:    b"format", b"source", b"schema", b"cursor", b"next_shard", b"pages_released" (the writer's tiny commit
+  that lets freed pages be reused)
 
 Only ``writer.py`` writes; this module reads the environment once at start and
 keeps the mirror that the writer updates after each commit.

@@ -22,6 +22,7 @@ from samplecache.format.constants import MAX_READERS
 from samplecache.format.record import record_key, verify_block
 from samplecache_service.files import SHARED_FILE_MODE, make_dir, set_mode
 from samplecache_service.store.catalog import DBS, LEASE_PREFIX, SUMMARY_PREFIX, Catalog, Shard, u64
+from samplecache_service.store.disk import out_of_space
 from samplecache_service.store.eviction import EvictionPlan
 from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.staging import StagingError, read_staged
@@ -80,7 +81,8 @@ class Writer:
         self.dbs = dbs
         self.catalog = catalog
         self._q: queue.Queue[
-            tuple[Callable[[lmdb.Transaction], Any], Callable[[Any], None] | None, Future[Any]] | None
+            tuple[Callable[[lmdb.Transaction], Any], Callable[[Any], None] | None, Future[Any],
+                  Callable[[], bool] | None] | None
         ] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="samplecache-writer", daemon=True)
         self.commits = 0
@@ -98,24 +100,56 @@ class Writer:
             item = self._q.get()
             if item is None:
                 return
-            op, after, fut = item
+            op, after, fut, on_full = item
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
-                with self.env.begin(write=True) as txn:
-                    result = op(txn)
-                self.commits += 1
+                result = self._run(op, on_full)
                 if after is not None:
                     after(result)
                 fut.set_result(result)
             except BaseException as e:  # reported to the caller; the writer keeps going
                 fut.set_exception(e)
 
-    def submit(self, op: Callable[[lmdb.Transaction], Any],
-               after: Callable[[Any], None] | None = None) -> "Future[Any]":
-        """Run ``op(txn)`` in one write transaction; ``after(result)`` runs once it has committed."""
+    def _commit(self, op: Callable[[lmdb.Transaction], Any]) -> Any:
+        with self.env.begin(write=True) as txn:
+            result = op(txn)
+        self.commits += 1
+        return result
+
+    def _run(self, op: Callable[[lmdb.Transaction], Any], on_full: Callable[[], bool] | None) -> Any:
+        try:
+            return self._commit(op)
+        except Exception as e:
+            if not out_of_space(e):
+                raise
+            # LMDB reuses the pages a commit freed only once a later commit is made: retried as it is, a write
+            # that failed for want of space would be the same transaction on the same full disk, for ever
+            again = on_full is not None and on_full()
+            if not self.release_pages() or not again:
+                raise
+            return self._commit(op)
+
+    def release_pages(self) -> bool:
+        """Commit one tiny transaction, so that the next write can reuse the pages the last commit freed (LMDB
+        keeps them for the last snapshot until then). False when even this fails for want of space."""
+        try:
+            self._commit(lambda txn: txn.put(b"pages_released", json.dumps(time.time()).encode(),
+                                             db=self.dbs[b"meta"]))
+        except Exception as e:
+            if out_of_space(e):
+                return False
+            raise
+        return True
+
+    def submit(self, op: Callable[[lmdb.Transaction], Any], after: Callable[[Any], None] | None = None,
+               on_full: Callable[[], bool] | None = None) -> "Future[Any]":
+        """Run ``op(txn)`` in one write transaction; ``after(result)`` runs once it has committed. When the commit
+        fails for want of space, a tiny commit makes the pages the last commit freed reusable; ``on_full()``
+        (on this thread, first) may free more, and returns whether ``op`` runs again at once. Without it the
+        caller retries."""
         fut: Future[Any] = Future()
-        self._q.put((op, after, fut))
+        self._q.put((op, after, fut, on_full))
         return fut
 
     def alive(self) -> bool:
@@ -136,6 +170,8 @@ class Writer:
         was already ingested.
         """
         submitted = time.monotonic()
+        planned: list[EvictionPlan] = []  # the plan of the last try
+        early: list[int] = []  # evicted in a commit of their own, after a try failed for want of space
 
         def op(txn: lmdb.Transaction) -> Ingested:
             try:
@@ -157,6 +193,7 @@ class Writer:
                 plan = make_room(size) if make_room is not None else EvictionPlan((), 0, True)
                 if not plan.fits:
                     raise NoRoom(size, plan)
+                planned[:] = [plan]
                 self._delete(txn, plan.evict)
                 sid = int(self.catalog.meta("next_shard", 1))
                 records = self.dbs[b"records"]
@@ -173,12 +210,28 @@ class Writer:
                 txn.put(b"next_shard", json.dumps(sid + 1).encode(), db=self.dbs[b"meta"])
                 if cursor is not None and h.get("final", True):  # a unit is done with its last part
                     txn.put(b"cursor", json.dumps(cursor(h["cycle"], h["unit"])).encode(), db=self.dbs[b"meta"])
-                return Ingested(shard, plan.evict)
+                return Ingested(shard, tuple(early) + tuple(s for s in plan.evict if s not in early))
             finally:
                 staged.close()
 
+        def on_full() -> bool:
+            # the pages a transaction frees are not reused within it: a shard that evicts others for its room
+            # cannot be written on a full disk in one transaction. Evict first, then write it.
+            evict = planned[0].evict if planned else ()
+            if not evict:
+                return False  # nothing more to free: the caller tries again later
+            try:
+                self._commit(lambda txn: self._delete(txn, evict))
+            except Exception as e:
+                if out_of_space(e):
+                    return False
+                raise
+            self._removed(evict, "ingest")
+            early.extend(evict)
+            return True
+
         def after(done: Ingested) -> None:
-            self._removed(done.evicted, "ingest")
+            self._removed(done.evicted, "ingest")  # those evicted early have left the catalog: not counted twice
             if done.shard is not None:
                 self.catalog.added_shard(done.shard)
                 self.catalog.set_meta("next_shard", done.shard.id + 1)
@@ -187,7 +240,7 @@ class Writer:
                 self.observe_ingest(time.monotonic() - submitted)
             staged_path.unlink(missing_ok=True)
 
-        return self.submit(op, after)
+        return self.submit(op, after, on_full)
 
     def _delete(self, txn: lmdb.Transaction, shard_ids: Sequence[int]) -> None:
         records = self.dbs[b"records"]
@@ -297,6 +350,8 @@ class Writer:
 
         def after(evicted: tuple[int, ...]) -> None:
             self._removed(evicted, "config")
+            if evicted:  # so the next ingest can use the pages at once, on a full disk too
+                self.release_pages()
 
         return self.submit(op, after)
 
