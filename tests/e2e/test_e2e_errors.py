@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -87,6 +88,39 @@ def test_unreachable_remote_is_refused_with_a_message(s3: Any, typed_dataset: An
     # measured here: ~7.5 s with botocore's default retries, ~2 s with the storage options above (start-up
     # included); the bounds only say "gives up, and does not hang", with room for a loaded 2-core CI host
     assert seconds < (45 if storage_options is None else 30), f"took {seconds:.1f} s to give up"
+
+
+@pytest.fixture
+def plain_http_server(tmp_path: Path) -> Any:
+    """``python -m http.server`` (it answers a ranged GET with 200 and the whole file) serving a small Parquet
+    dir on a free loopback port: yields its URL, stopped at the end."""
+    root = tmp_path / "www" / "data"
+    root.mkdir(parents=True)
+    for i in range(3):
+        pq.write_table(pa.table({"id": pa.array(range(i * 100, (i + 1) * 100), pa.int64())}),
+                       root / f"part-{i}.parquet", row_group_size=50)
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory",
+                             str(root.parent)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (http://127.0.0.1:N/) ..."
+        port = int(line.split(" port ")[1].split()[0])
+        yield f"http://127.0.0.1:{port}/data/"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_a_server_that_ignores_range_is_refused_and_no_file_is_quarantined(plain_http_server: str,
+                                                                           tmp_path: Path) -> None:
+    # before: every valid file was quarantined as corrupt (small ones by the samplers, while the daemon ran on)
+    code, err, seconds = serve(plain_http_server, tmp_path / "cache", dict(os.environ), timeout=45)
+    msg = refusal(err)
+    assert code != 0 and seconds < 45
+    assert "this server does not support HTTP Range requests" in msg and plain_http_server in msg, msg
+    assert "quarantine" not in err and "corrupt" not in err, err[-2000:]
 
 
 # --------------------------------------------------------------------------------------------- corrupt files

@@ -15,12 +15,15 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from samplecache_service.config.redact import redact
+
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 OPEN_BLOCK_SIZE = 1 << 20  # s3fs defaults to 50 MiB: a footer read would fetch far too much
 STREAM_BUFFER = 8 << 20  # a large unit is read through a buffer of this size per column, not pre-buffered whole
 FOOTERS_KEPT = 256  # footers a process keeps (a 10,000 row group footer is ~3 MB)
 FOOTER_GUESS = 64 << 10  # the tail read for a footer of unknown length (one more read when it is longer)
 MAGIC = b"PAR1"
+NO_RANGES = "this server does not support HTTP Range requests"
 
 
 def count_fetched(f: Any, count: Callable[[int], None]) -> Any:
@@ -50,6 +53,10 @@ def count_fetched(f: Any, count: Callable[[int], None]) -> Any:
 
 class RemoteError(Exception):
     """The remote cannot be listed or opened (bad URL, unreachable, no Parquet files)."""
+
+
+class RangeUnsupported(RemoteError):
+    """The server answered a ranged read with the whole file: row groups cannot be read from it."""
 
 
 @dataclass(frozen=True)
@@ -125,9 +132,15 @@ class FsspecRemote:
         return info, md.schema.to_arrow_schema()
 
     def _cat(self, path: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of ``path``: one ranged read, counted."""
+        """Bytes ``[start, end)`` of ``path``: one ranged read, counted. Raises RangeUnsupported when more came
+        back (a plain HTTP server, ``python -m http.server``, answers 200 with the whole file): the file is fine,
+        the source cannot serve row groups, so no file may be blamed for it."""
         data: bytes = self.fs.cat_file(path, start=start, end=end)
         self._count(len(data))
+        if len(data) > end - start:
+            raise RangeUnsupported(
+                f"{redact(path)}: {NO_RANGES} (asked for bytes {start}-{end - 1}, got {len(data)} bytes): serve the "
+                f"files from a server that answers Range with 206 Partial Content (nginx, S3, ...)")
         return data
 
     def _read_footer(self, path: str, size: int, length: int) -> pq.FileMetaData:
@@ -135,7 +148,9 @@ class FsspecRemote:
         (the daemon's discovery tells the samplers), else the last 64 KiB and, for a longer footer, the rest."""
         if size < 12:
             raise pa.ArrowInvalid(f"{path}: a Parquet file of {size} bytes is too short to hold a footer (corrupt)")
-        n = min(size, length + 8 if length > 0 else FOOTER_GUESS)
+        # never the leading magic: a request for less than the whole file, so a server that ignores Range shows
+        # itself by a longer answer (a file of at most FOOTER_GUESS bytes would otherwise be asked for whole)
+        n = min(size - 4, length + 8 if length > 0 else FOOTER_GUESS)
         tail = self._cat(path, size - n, size)
         if len(tail) != n or tail[-4:] != MAGIC:
             raise pa.ArrowInvalid(f"{path}: Parquet magic bytes not found in footer: the file is corrupt, was cut "
@@ -265,6 +280,10 @@ def classify_error(exc: BaseException) -> ErrorKind:
     """
     name = type(exc).__name__
     text = str(exc)
+    # a server that ignores Range cannot serve any file: like a store that is down, never the file's fault
+    # (fsspec's HTTP file says so in a ValueError when a read of a buffered file gets the whole body)
+    if isinstance(exc, RangeUnsupported) or "support range requests" in text:
+        return ErrorKind.UNREACHABLE
     if isinstance(exc, (ConnectionError, TimeoutError)) or any(
             w in name for w in ("Connect", "Timeout", "EndpointConnection")):
         return ErrorKind.UNREACHABLE
