@@ -292,17 +292,22 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
             self.agree(pending.epoch)  # several hosts: agree on the epoch's length
 
 
-def _option(concern: str, name: str) -> property:
-    """One option read-only on the dataset, as given (``ds.seed``): kept once, in its options object."""
-    return property(lambda self: getattr(getattr(self, concern), name), doc=f"``{concern}.{name}``")
+def _option(holder: Callable[[SampleCacheDataset], Any], name: str) -> property:
+    """One option read-only on the dataset (``ds.seed``): kept once, in ``holder(ds)``."""
+    return property(lambda self: getattr(holder(self), name), doc=f"``{name}``")
 
+
+# the daemon's URL, token and deadline as the epoch source settled them (checked; from the environment when not given)
+_SETTLED = ("url", "token", "deadline")
 
 # ds.url, ds.seed, ds.batch_size...: every option, derived once from the options' fields (the dataset's own
 # attributes win: ``ds.job`` is the job read, given or made)
-for _concern, _kind in (("cache", CacheOptions), ("split", SplitOptions), ("batch", BatchOptions)):
+for _kind, _holder in ((CacheOptions, lambda ds: ds.cache), (SplitOptions, lambda ds: ds.split),
+                       (BatchOptions, lambda ds: ds.batch)):
     for _field in fields(_kind):
         if not hasattr(SampleCacheDataset, _field.name):
-            setattr(SampleCacheDataset, _field.name, _option(_concern, _field.name))
+            _from = (lambda ds: ds.reader.source) if _field.name in _SETTLED else _holder
+            setattr(SampleCacheDataset, _field.name, _option(_from, _field.name))
 
 
 __all__ = ["SampleCacheDataset", "EpochPlan", "Topology", "topology", "dist_rank_world"]
