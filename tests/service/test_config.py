@@ -143,6 +143,11 @@ def test_config_warns_when_a_secret_is_a_flag_every_local_user_can_read(tmp_path
     options.chmod(0o644)  # every user can read the file: said too
     r = _cli(["config", "--storage-options-file", str(options)], tmp_path)
     assert "can be read by every user (mode 644)" in r.stderr, r.stderr
+    # a sibling: credentials in the source URL are on the command line too
+    r = _cli(["config", "--source", "https://user:hunter2@example.com/data/"], tmp_path)
+    assert "--source holds credentials" in r.stderr and "hunter2" not in r.stderr + r.stdout, r.stderr
+    r = _cli(["config"], tmp_path, env={"SAMPLECACHE_SOURCE": "https://user:hunter2@example.com/data/"})
+    assert "warning" not in r.stderr, r.stderr
 
 
 def test_serve_logs_a_secret_given_as_a_flag_at_start(tmp_path: Path) -> None:

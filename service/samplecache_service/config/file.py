@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
+from samplecache_service.config.redact import redact
 from samplecache_service.config.settings import Settings
 
 if sys.version_info >= (3, 11):
@@ -167,6 +168,10 @@ def exposed_secrets(loaded: Loaded) -> list[str]:
     """Warnings, one per secret other local users can read: given as a flag, or in a file every user may read."""
     out = [f"{flag(name)} is on the command line, where every local user can read it (ps, /proc/PID/cmdline): "
            f"use {safer} instead" for name, safer in SAFER.items() if loaded.sources[name].startswith("flag")]
+    source = loaded.settings.source
+    if loaded.sources["source"].startswith("flag") and redact(source) != source:
+        out.append("--source holds credentials (user:password or a signed query) on the command line, where every "
+                   "local user can read it: use SAMPLECACHE_SOURCE or the config file instead")
     path = loaded.settings.storage_options_file
     try:
         mode = path.stat().st_mode & 0o777 if path is not None else 0
