@@ -106,7 +106,7 @@ def verify_records(m: dict[str, Any], spec: CacheSpec, n: int = 16) -> list[str]
 
     schema = Schema.from_json(m["schema"])
     cy = schema.index("y")
-    env, db = open_cache(m["lmdb_path"], int(m["map_size"]))
+    env, db = open_cache(m["lmdb_path"], int(m["map_size"]), m.get("cache_id", ""))
     problems = []
     picks = sorted({int(i) for i in np.linspace(0, len(m["shards"]) - 1, n)})
     with env.begin(buffers=True) as txn:

@@ -63,7 +63,7 @@ def lmdb_pass(m: dict[str, Any]) -> tuple[int, int, float]:
 
     schema = Schema.from_json(m["schema"])
     cx, cy = schema.index("x"), schema.index("y")
-    env, db = open_cache(m["lmdb_path"], int(m["map_size"]))
+    env, db = open_cache(m["lmdb_path"], int(m["map_size"]), m.get("cache_id", ""))
     n = ysum = 0
     t0 = time.perf_counter()
     for sid, _rows, _b, _rpb in m["shards"]:

@@ -119,7 +119,7 @@ def _blocks(manifest: dict[str, Any]) -> Iterable[tuple[int, int, BlockView | No
     """(shard id, rows the manifest says, each block of it; then None) in manifest order, read-only, as the
     client opens the cache."""
     schema = Schema.from_json(manifest["schema"])
-    env, db = open_cache(manifest["lmdb_path"], int(manifest["map_size"]))
+    env, db = open_cache(manifest["lmdb_path"], int(manifest["map_size"]), manifest.get("cache_id", ""))
     with env.begin(buffers=True) as txn:
         cur = txn.cursor(db=db)
         for sid, rows, _bytes, _rpb in manifest["shards"]:

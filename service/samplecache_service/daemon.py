@@ -39,6 +39,7 @@ from samplecache_service.store.cachedir import (
     map_size_for,
     reset_cache,
 )
+from samplecache_service.store.cacheguard import INTERVAL_S, CacheGuard
 from samplecache_service.store.catalog import Catalog, Shard
 from samplecache_service.store.disk import DiskSpace
 from samplecache_service.store.eviction import EvictionPlan, plan_eviction
@@ -87,7 +88,7 @@ class Daemon:
         self.catalog = Catalog(self.env, self.dbs)
         self.writer = Writer(self.env, self.dbs, self.catalog)
         self.disk = DiskSpace(settings.cache_dir, self.env, self.dbs)
-        check_identity(self.catalog, self.writer, settings)
+        self.cache_id = check_identity(self.catalog, self.writer, settings)
         self.leases = LeaseTable(settings.lease_ttl, max_leases=settings.max_leases,
                                  max_per_job=settings.max_leases_per_job)
         self.jobs = JobTable(settings.lease_ttl)
@@ -124,6 +125,9 @@ class Daemon:
         self.health.add_check("writer",
                               lambda: None if self.writer.alive() else "the LMDB writer thread is not running")
         self.health.add_check("samplers", self.supervisor.problem)
+        # the cache dir as opened: removed or replaced under the daemon, it says so and exits (cacheguard.py)
+        self.guard = CacheGuard(settings.cache_dir, settings.lmdb_path, self._lock_fd)
+        self.health.add_check("cache dir", self.guard.problem)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -193,6 +197,10 @@ class Daemon:
                              args=("history", self.recorder.step, self._stop, self.history.interval))
         t.start()
         self._threads.append(t)
+        t = threading.Thread(target=self.health.run_loop, name="samplecache-cacheguard", daemon=True,
+                             args=("cache guard", lambda: self.guard.watch(self.health.die), self._stop, INTERVAL_S))
+        t.start()
+        self._threads.append(t)
 
     def stop(self) -> None:
         """Stop sampling, finish queued ingests, close LMDB. Safe to call twice."""
@@ -205,6 +213,7 @@ class Daemon:
         self.supervisor.stop(timeout=3)  # staged-but-not-ingested files stay for the next start
         self.writer.close()
         self.env.close()
+        self.guard.close()
         os.close(self._lock_fd)
 
     def _recover_staging(self) -> None:
@@ -287,4 +296,5 @@ class Daemon:
         return {"schema": self.schema.to_json(), "lmdb_path": str(self.settings.lmdb_path),
                 "skipped_columns": self.discovery.skipped if self.discovery else {},
                 "map_size": self.map_size, "seed": self.settings.seed, "source": self.source_shown,
+                "cache_id": self.cache_id,
                 "remote_bytes": self.traffic.sealing()}

@@ -154,14 +154,11 @@ def close_client_envs() -> None:
 def read_epoch(url: str, epoch: int) -> list[dict[str, Any]]:
     """Every sample of ``epoch`` as one reader (rank 0 of 1, no DataLoader workers) sees it, without a lease and
     without sealing the next epoch."""
-    import inspect
-
     from samplecache import SampleCacheDataset
 
-    kw: dict[str, Any] = dict(columns=["id", "f64", "text"], lease=False, min_samples=1, wait=10)
-    if "prefetch_next" in inspect.signature(SampleCacheDataset).parameters:
-        kw["prefetch_next"] = False  # fetching epoch + 1 would seal it, and a fresh epoch pins the whole cache
-    ds = SampleCacheDataset(url, **kw)
+    # no prefetch_next: fetching epoch + 1 would seal it, and a fresh epoch pins the whole cache
+    ds = SampleCacheDataset(url, columns=["id", "f64", "text"], lease=False, min_samples=1, wait=10,
+                            prefetch_next=False)
     ds.set_epoch(0, daemon_epoch=epoch)  # a new job replaying daemon epoch `epoch`
     try:
         return list(ds)

@@ -18,6 +18,7 @@ import damage_data as dd
 import pytest
 from paths import SUPPORT
 
+from samplecache.format.constants import CACHE_ID_KEY
 from samplecache_service.config.settings import Settings
 from samplecache_service.store.cachedir import (
     COMMITTED,
@@ -127,6 +128,30 @@ def test_check_identity_writes_the_marker(tmp_path: Path) -> None:
     reset_cache(settings)  # the way out
     assert not settings.lmdb_path.exists() and not marker.exists()
     check_lmdb_file(settings.lmdb_path)
+
+
+def test_a_cache_gets_its_id_once_and_keeps_it(tmp_path: Path) -> None:
+    """The id every manifest names: made when a cache is first opened (an old cache without one gets it at its
+    first start), the same at every later start, another for a new cache at the same path."""
+    settings = Settings(cache_dir=tmp_path)
+    ids = []
+    for _ in range(2):
+        cache = dd.Cache(settings.lmdb_path)
+        try:
+            ids.append(check_identity(cache.catalog, cache.writer, settings))
+            assert cache.catalog.meta(CACHE_ID_KEY) == ids[-1]
+        finally:
+            cache.close()
+    assert ids[0] == ids[1] and len(ids[0]) == 32, ids
+    reset_cache(settings)
+    cache = dd.Cache(settings.lmdb_path)
+    try:
+        cache.writer.put_meta({"format": 3, "source": ""}).result()  # a cache from before ids: stamped, no id
+        assert cache.catalog.meta(CACHE_ID_KEY) is None
+        new = check_identity(cache.catalog, cache.writer, settings)
+    finally:
+        cache.close()
+    assert new != ids[0] and len(new) == 32
 
 
 def test_an_old_format_cache_names_the_way_out(tmp_path: Path) -> None:

@@ -12,3 +12,9 @@ MAX_READERS = 4096
 # The largest epoch, count or position a request or a client may name: exact as a float (JSON tools compare as
 # floats) and far from int64's end (the client's epoch clock adds to them).
 MAX_NUMBER = 2**53
+
+# The LMDB named db of the cache's meta values (JSON each), and the key of the cache's identity in it: a random id
+# written once, when the daemon first opens a cache. Every manifest names it, so a reader never takes a shard id
+# from another cache that was put at the same path (a new cache numbers its shards from 1 again).
+META_DB = b"meta"
+CACHE_ID_KEY = "cache_id"

@@ -36,6 +36,8 @@ class Manifest:
     remote_bytes: int = 0  # fetched from the remote since the previous epoch was sealed
     skipped_columns: dict[str, str] = field(default_factory=dict)  # source columns left out, and why
     format_version: int = FORMAT_VERSION
+    # the identity of the cache it was sealed from ("": sealed before caches had one; the reader then skips its check)
+    cache_id: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}

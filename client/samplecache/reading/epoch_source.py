@@ -70,7 +70,7 @@ class EpochPlan:
         sample_bytes = max(1, parsed.bytes // max(1, self.total))
         self.sample_bytes = sample_bytes
         self.chunk = int(min(4096, max(1, CHUNK_BYTES // sample_bytes)))  # positions per read transaction
-        self.reader = CacheReader(parsed.lmdb_path, parsed.map_size, self.schema)
+        self.reader = CacheReader(parsed.lmdb_path, parsed.map_size, self.schema, cache_id=parsed.cache_id)
 
 
 def _close_at_exit(ref: "weakref.ref[EpochSource]") -> None:

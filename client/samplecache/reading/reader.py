@@ -11,6 +11,7 @@ reads it (blocks never change once written, so once per process is enough): a da
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -21,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 import lmdb
 import numpy as np
 
-from samplecache.format.constants import MAX_READERS
+from samplecache.format.constants import CACHE_ID_KEY, MAX_READERS, META_DB
 from samplecache.format.record import BlockView, Schema, check_block, record_key
 from samplecache.reading.gather import PARALLEL_MIN_BYTES, copy_all
 
@@ -33,20 +34,50 @@ VERIFY_ENV = "SAMPLECACHE_VERIFY"
 _ENVS: dict[str, tuple[int, lmdb.Environment, Any]] = {}
 _OPENING = threading.Lock()
 _VERIFIED: dict[str, set[int]] = {}  # LMDB path -> (shard << 32 | block) checked by this process
+_IDS: dict[str, str] = {}  # LMDB path -> the cache id found in this process's open environment there
 
 
 class CacheNotVisible(RuntimeError):
     """The LMDB cache named by the manifest is not on this filesystem."""
 
 
-def open_cache(path: str, map_size: int) -> tuple[lmdb.Environment, Any]:
-    """This process's read-only handle on the cache at ``path`` (and its records db)."""
+class CacheReplaced(RuntimeError):
+    """The cache at the manifest's LMDB path is not the cache the manifest was sealed from."""
+
+
+def open_cache(path: str, map_size: int, cache_id: str = "") -> tuple[lmdb.Environment, Any]:
+    """This process's read-only handle on the cache at ``path`` (and its records db). ``cache_id`` (a manifest's):
+    raise ``CacheReplaced`` unless the cache this process reads there has that identity ("": no check)."""
     pid = os.getpid()
     got = _ENVS.get(path)
-    if got is not None and got[0] == pid:
+    if got is not None and got[0] == pid and (not cache_id or _IDS.get(path) == cache_id):
         return got[1], got[2]
     with _OPENING:  # read-ahead threads may open it at the same time: once
-        return _open(path, map_size, pid)
+        env, db = _open(path, map_size, pid)
+        if cache_id and _IDS.get(path) != cache_id:
+            _check_identity(path, env, cache_id)
+        return env, db
+
+
+def _check_identity(path: str, env: lmdb.Environment, cache_id: str) -> None:
+    """The cache's id is read again on every new id asked for: a process that kept an old cache open (its file
+    unlinked and replaced) still finds the old id, and must not read the new manifest's shard ids from it."""
+    with _begin(env) as txn:
+        try:
+            meta = env.open_db(META_DB, txn=txn, create=False)
+        except lmdb.NotFoundError:
+            raw = None
+        else:
+            raw = txn.get(CACHE_ID_KEY.encode(), db=meta)
+        found = json.loads(bytes(raw)) if raw is not None else None
+    if found != cache_id:
+        raise CacheReplaced(
+            f"the samplecache cache at {path!r} is not the cache this epoch's manifest was sealed from: the "
+            f"manifest names cache {cache_id}, this process reads cache {found or '(one without an id)'}. The cache "
+            f"dir was removed or replaced under the daemon or this process, and the new cache numbers its shards "
+            f"anew, so reading would serve other rows. Restart the samplecache daemon on its cache dir, then "
+            f"restart the job")
+    _IDS[path] = cache_id
 
 
 def _open(path: str, map_size: int, pid: int) -> tuple[lmdb.Environment, Any]:
@@ -58,6 +89,7 @@ def _open(path: str, map_size: int, pid: int) -> tuple[lmdb.Environment, Any]:
         # (LMDB only clears reader slots of the calling pid) and lets the path be reopened.
         del _ENVS[path]
         got[1].close()
+    _IDS.pop(path, None)  # a new environment: its identity is checked anew
     if not (Path(path) / "data.mdb").exists():
         raise CacheNotVisible(
             f"the samplecache LMDB cache {path!r} is not visible from this process (pid {pid}): the client "
@@ -138,10 +170,11 @@ def _begin(env: lmdb.Environment) -> Iterator[lmdb.Transaction]:
 class CacheReader:
     """Reads samples by (shard id, row); one short read transaction per chunk of positions."""
 
-    def __init__(self, path: str, map_size: int, schema: Schema, verify: bool = False) -> None:
+    def __init__(self, path: str, map_size: int, schema: Schema, verify: bool = False, cache_id: str = "") -> None:
         """``verify``: check each block's checksum on its first read in this process (also on when the
-        environment has SAMPLECACHE_VERIFY=1)."""
-        self.path, self.map_size, self.schema = path, map_size, schema
+        environment has SAMPLECACHE_VERIFY=1). ``cache_id``: the manifest's; reading a cache of another
+        identity raises ``CacheReplaced`` ("": no check, a manifest sealed before caches had one)."""
+        self.path, self.map_size, self.schema, self.cache_id = path, map_size, schema, cache_id
         self.verify = verify or verify_from_env()
         self._verified = _VERIFIED.setdefault(path, set())
 
@@ -171,7 +204,7 @@ class CacheReader:
         ``<name>__valid`` (bool, same shape, False where null), and datetime64/timedelta64 as int64 counts
         of the unit. ``alloc(name, shape, dtype)`` may supply the output arrays (e.g. in shared memory); a
         large batch's copies are split over ``threads`` threads (``gather.copy_all``)."""
-        env, db = open_cache(self.path, self.map_size)
+        env, db = open_cache(self.path, self.map_size, self.cache_id)
         n = len(rows)
         blocks, local = np.divmod(rows, rpbs)
         keys = (sids << 32) | blocks

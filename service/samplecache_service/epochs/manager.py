@@ -47,10 +47,11 @@ def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) 
 
 def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb_path: str,
                    map_size: int, seed: int, source: str, previous: set[int], remote_bytes: int = 0,
-                   skipped_columns: dict[str, str] | None = None) -> dict[str, Any]:
+                   skipped_columns: dict[str, str] | None = None, cache_id: str = "") -> dict[str, Any]:
     """The manifest of ``epoch``: shards in id (= age) order."""
     return Manifest(
         epoch=epoch, seed=seed, source=source, lmdb_path=lmdb_path, map_size=map_size, schema=schema,
+        cache_id=cache_id,
         skipped_columns=dict(skipped_columns or {}), sealed_at=time.time(),
         samples=sum(s.rows for s in shards), bytes=sum(s.bytes for s in shards),
         new_samples=sum(s.rows for s in shards if s.id not in previous), remote_bytes=remote_bytes,

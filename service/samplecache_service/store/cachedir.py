@@ -7,8 +7,11 @@ import json
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
+from samplecache.format.constants import CACHE_ID_KEY
 from samplecache.format.record import FORMAT_VERSION
 from samplecache_service.config.mapsize import map_size_for as map_size_for  # for the daemon and benchmarks
 from samplecache_service.config.settings import Settings
@@ -46,8 +49,10 @@ def lock_cache_dir(cache_dir: Path) -> int:
     return fd
 
 
-def check_identity(catalog: Catalog, writer: Writer, settings: Settings) -> None:
-    """The cache dir holds this source's sample in this record format (or nothing yet: it is stamped)."""
+def check_identity(catalog: Catalog, writer: Writer, settings: Settings) -> str:
+    """The cache dir holds this source's sample in this record format (or nothing yet: it is stamped).
+    Returns the cache's id (``CACHE_ID_KEY``), made once when a cache (or an older one without it) is first
+    opened: every manifest names it, so a reader never reads shard ids from another cache at the same path."""
     fmt = catalog.meta("format")
     if fmt is not None and fmt != FORMAT_VERSION:
         raise StartupError(f"cache_dir {settings.cache_dir} holds record format v{fmt}; this "
@@ -56,9 +61,16 @@ def check_identity(catalog: Catalog, writer: Writer, settings: Settings) -> None
     if src is not None and settings.source and src != settings.source:
         raise StartupError(f"cache_dir {settings.cache_dir} holds a sample of {src!r}, not of "
                            f"--source {settings.source!r}: use another --cache-dir")
+    stamp: dict[str, Any] = {}
     if fmt is None or src is None:
-        writer.put_meta({"format": FORMAT_VERSION, "source": settings.source}).result()
+        stamp.update(format=FORMAT_VERSION, source=settings.source)
+    cache_id = catalog.meta(CACHE_ID_KEY)
+    if not cache_id:
+        cache_id = stamp[CACHE_ID_KEY] = uuid.uuid4().hex
+    if stamp:
+        writer.put_meta(stamp).result()
     mark_committed(settings.lmdb_path)
+    return str(cache_id)
 
 
 def committed_marker(lmdb_dir: Path) -> Path:

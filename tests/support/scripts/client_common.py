@@ -111,7 +111,7 @@ def manifest_order_ids(manifest: dict[str, Any]) -> list[int]:
     schema = Schema.from_json(manifest["schema"])
     ci = schema.index("id")
     # The process's one handle on the environment (LMDB must not be opened twice in one process).
-    env, db = open_cache(manifest["lmdb_path"], int(manifest["map_size"]))
+    env, db = open_cache(manifest["lmdb_path"], int(manifest["map_size"]), manifest.get("cache_id", ""))
     out: list[int] = []
     with env.begin() as txn:
         table = (unpack_shard_table(manifest["shards_packed"]) if "shards_packed" in manifest
