@@ -167,6 +167,8 @@ def _settled(get: Callable[..., Any], url: str) -> Any:
         s["sampler"]["in_flight"] == 0
     if ok:
         assert cov["units_left_out"] > 0 and cov["row_fraction"] < 1.0, cov
+        # the garbage and truncated files, quarantined at discovery (no footer, no units), count one unit each
+        assert cov["files_unread"] == 2 and cov["units_left_out"] == 4 + 2, cov
         assert "whole remote dataset" not in (s["sampler"]["reason"] or ""), s["sampler"]
     return s if ok else None
 

@@ -832,6 +832,28 @@ def test_complete_with_quarantined_files_says_they_are_left_out(tmp_path: Path) 
         "every readable unit is cached; 1 unit(s) of quarantined files are left out")
 
 
+def test_files_quarantined_at_discovery_are_left_out_of_coverage(tmp_path: Path) -> None:
+    # two files whose footers could not be read: quarantined by discovery, with no row groups and no units
+    listing = {**table(files=2, groups=2), **{
+        f"{SOURCE}/unread{i}.parquet": FileInfo(seq=10 + i).quarantine("unreadable footer: ArrowInvalid")
+        for i in range(2)}}
+    rig = Rig(tmp_path, listing, samplers=2)
+    rig.turn()
+    while rig.samplers.queue:
+        rig.sample_ok()
+        rig.turn(2)
+    rig.turn()
+    assert rig.sched.complete and rig.sched.quarantined_units == 0
+    cov = rig.sched.coverage()
+    assert cov is not None and cov["files_unread"] == 2, cov
+    # each unread file: one unit left out, with the rows of the mean file here (2 files of 20 rows)
+    assert (cov["units"], cov["units_sampled"], cov["units_left_out"]) == (6, 4, 2), cov
+    assert (cov["rows"], cov["rows_sampled"], cov["rows_left_out"]) == (80, 40, 40), cov
+    assert cov["unit_fraction"] < 1.0 and cov["row_fraction"] == 0.5, cov
+    assert rig.sched.paused_reason == ("every readable unit is cached; 2 quarantined file(s) whose footer cannot "
+                                       "be read are left out (GET /v1/quarantine)")
+
+
 def test_a_new_file_ends_completion(tmp_path: Path) -> None:
     rig = Rig(tmp_path, table(files=1, groups=1), discover_interval=60.0)
     rig.turn()

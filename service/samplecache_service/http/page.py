@@ -192,8 +192,10 @@ def _tiles(st: Status) -> str:
         tile("Coverage", metric("coverage_row_fraction", frac, fmt_pct(frac)) if st.coverage else
              metric("coverage_row_fraction", "", "not known yet"),
              f'{metric("coverage_units_sampled", cov.get("units_sampled", 0))} of '
-             f'{metric("coverage_units", cov.get("units", 0))} row groups, pass '
-             f'{metric("coverage_cycle", cov.get("cycle", 0), str(int(cov.get("cycle", 0)) + 1))}'),
+             f'{metric("coverage_units", cov.get("units", 0))} units, pass '
+             f'{metric("coverage_cycle", cov.get("cycle", 0), str(int(cov.get("cycle", 0)) + 1))}',
+             # never sampled this pass: units of quarantined files (an unreadable one counts one) and given up
+             f'{metric("coverage_units_left_out", cov.get("units_left_out", 0))} left out'),
         tile("Epochs", metric("epochs_sealed", st.epochs_sealed, fmt_count(st.epochs_sealed)),
              f'sealed; last {metric("last_epoch", st.last_epoch)}; '
              f'{metric("jobs", st.jobs)} jobs, {metric("leases", st.leases_live)} leases'),

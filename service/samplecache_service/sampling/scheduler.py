@@ -79,6 +79,8 @@ class Scheduler:
         self.given_up: set[tuple[str, int]] = set()  # those not sampled since: coverage leaves them out
         self._skips = 0
         self._files_seen = -1
+        # (files version, units here) -> quarantined files with no units here, and files with units here
+        self._unread: tuple[tuple[int, int], list[str], int] = ((-1, -1), [], 0)
         self._attempts: dict[tuple[str, int], int] = collections.defaultdict(int)  # failures in a row per unit
         self._corrupt: dict[tuple[str, int], int] = collections.defaultdict(int)  # unparsable reads in a row per unit
         self._deferred: Backoff[Pick | Slot] = Backoff(self.clock)  # units waiting out their backoff
@@ -102,14 +104,37 @@ class Scheduler:
 
     def coverage(self) -> dict[str, Any] | None:
         """The planner's coverage, where units of quarantined files, and units given up after failing again and
-        again this pass, never count as sampled (``units_left_out``)."""
+        again this pass, never count as sampled (``units_left_out``). A file quarantined before its footer was
+        read has no units: it is left out as one unit with the rows of the mean file here (``files_unread``),
+        so that coverage never reads complete while a file is unreadable."""
         if self.planner is None:
             return None
         files = self.catalog.files()
         given_up = set(self.given_up)
-        return self.planner.coverage(lambda u: u.path in files and files[u.path].quarantined
-                                     or (u.path, u.row_group) in given_up,
-                                     hash((self.catalog.files_version, frozenset(given_up))))
+        cov = self.planner.coverage(lambda u: u.path in files and files[u.path].quarantined
+                                    or (u.path, u.row_group) in given_up,
+                                    hash((self.catalog.files_version, frozenset(given_up))))
+        unread, planned = self._unread_files()
+        if unread:
+            rows = len(unread) * max(1, round(cov["rows"] / max(1, planned)))
+            cov.update(units=cov["units"] + len(unread), units_left_out=cov["units_left_out"] + len(unread),
+                       rows=cov["rows"] + rows, rows_left_out=cov["rows_left_out"] + rows)
+            cov.update(unit_fraction=cov["units_sampled"] / cov["units"],
+                       row_fraction=cov["rows_sampled"] / cov["rows"])
+        cov["files_unread"] = len(unread)
+        return cov
+
+    def _unread_files(self) -> tuple[list[str], int]:
+        """Quarantined files with no units here (their footer could not be read, so their row groups are not
+        known), and how many files have units here; counted again only when the files or the units change."""
+        assert self.planner is not None
+        key = (self.catalog.files_version, len(self.planner))
+        if self._unread[0] != key:
+            planned = {u.path for u in self.planner.units}
+            unread = sorted(p for p, i in self.catalog.files().items()
+                            if i.quarantined and not i.row_groups and p not in planned)
+            self._unread = (key, unread, len(planned))
+        return self._unread[1], self._unread[2]
 
     def post(self, event: Callable[[], None]) -> None:
         self.inbox.post(event)
@@ -183,9 +208,11 @@ class Scheduler:
             return (f"budget full: {room}; {waiting} shard(s) wait (the smallest {need} bytes; budget "
                     f"{self.budget.max_bytes}, resident {self.catalog.resident_bytes} bytes)")
         if self.complete:
-            if self.quarantined_units:
-                return (f"every readable unit is cached; {self.quarantined_units} unit(s) of quarantined files "
-                        f"are left out (GET /v1/quarantine)")
+            unread = len(self._unread_files()[0])
+            left = [f"{self.quarantined_units} unit(s) of quarantined files"] if self.quarantined_units else []
+            left += [f"{unread} quarantined file(s) whose footer cannot be read"] if unread else []
+            if left:
+                return f"every readable unit is cached; {' and '.join(left)} are left out (GET /v1/quarantine)"
             return "the whole remote dataset is cached"
         if self.clock() < self._backoff_until:
             return "remote unreachable: backing off"
