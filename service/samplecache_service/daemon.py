@@ -16,7 +16,7 @@ from samplecache_service.config.settings import MIN_BUDGET, Settings
 from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.epochs.leasing import Leasing
-from samplecache_service.epochs.manager import EpochManager
+from samplecache_service.epochs.manager import EpochManager, EpochRules
 from samplecache_service.errors import NotFound
 from samplecache_service.files import make_dir
 from samplecache_service.ops.control import configure
@@ -40,7 +40,7 @@ from samplecache_service.store.cachedir import (
     reset_cache,
 )
 from samplecache_service.store.cacheguard import INTERVAL_S, CacheGuard
-from samplecache_service.store.catalog import Catalog, Shard
+from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.disk import DiskSpace
 from samplecache_service.store.eviction import EvictionPlan, plan_eviction
 from samplecache_service.store.lmdbmap import open_cache_env
@@ -93,19 +93,16 @@ class Daemon:
                                  max_per_job=settings.max_leases_per_job)
         self.jobs = JobTable(settings.lease_ttl)
         self.jobs.load(self.catalog.meta("jobs", []) or [])
-        self.epochs = EpochManager(self.catalog, self.writer, self.leases, self._manifest_fields,
-                                   settings.epoch_wait_max)
-        self.epochs.max_samples = settings.epoch_max_samples
-        self.epochs.resident_for_epoch = self.epoch_shards
-        self.epochs.extra_pins = self.jobs.recently_mapped
-        self.epochs.reuse_key = lambda: (self.max_bytes, self.policy)
-        self.epochs.keep_last = settings.epochs_kept
-        self.epochs.job_epochs = self.jobs.mapped
-        self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
         self.remote = FsspecRemote(settings.source, settings.storage_options) if settings.source else None
         self.traffic = Traffic(Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate)),
                                lambda: self.remote.bytes_read if self.remote is not None else 0)
-        self.epochs.on_new_epoch = lambda epoch: self.traffic.epoch_started(self.max_bytes)
+        rules = EpochRules(wait_max=settings.epoch_wait_max, max_samples=settings.epoch_max_samples,
+                           keep_last=settings.epochs_kept, headroom=settings.epoch_headroom, seed=settings.seed)
+        self.epochs = EpochManager(self.catalog, self.writer, self.leases, self.jobs, self.budget,
+                                   self._manifest_fields, rules,
+                                   on_new_epoch=lambda epoch: self.traffic.epoch_started(self.budget.max_bytes),
+                                   not_ready=self._not_discovered)
+        self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
         try:
             self.discovery = Discovery(self.remote, self.catalog, self.writer, settings.columns,
                                        settings.part_bytes, settings.schema_file) if self.remote else None
@@ -241,16 +238,6 @@ class Daemon:
         return plan_eviction(self.catalog.shards(), self.epochs.pinned_shards(),
                              self.max_bytes - self.catalog.manifest_total, incoming, self.policy, self.settings.seed)
 
-    def epoch_shards(self) -> list[Shard]:
-        """What a new epoch may name: the resident shards, less what the eviction policy would drop to
-        keep ``epoch_headroom`` of the budget free. While an epoch is leased its shards cannot be
-        evicted, so this headroom is where new shards go until the next epoch; without it a full,
-        leased cache could never take in new data."""
-        shards = self.catalog.shards()
-        keep = int(self.max_bytes * (1.0 - self.settings.epoch_headroom))
-        drop = set(plan_eviction(shards, (), keep, 0, self.policy, self.settings.seed).evict)
-        return [s for s in shards if s.id not in drop] or shards[-1:]
-
     # -- control: every change runs on the scheduler's thread ----------------------------------------
     def set_paused(self, paused: bool) -> "Future[None]":
         return self.scheduler.call(lambda: self.scheduler.set_paused(paused))
@@ -269,7 +256,7 @@ class Daemon:
         """The settings that change at run time (PATCH /v1/config, SIGHUP), as in use now."""
         pacer = self.traffic.pacer
         return {"max_bytes": self.max_bytes, "eviction_policy": self.policy, "min_free_disk": self.min_free_disk,
-                "epoch_max_samples": self.epochs.max_samples, "pacing": pacer.mode,
+                "epoch_max_samples": self.epochs.rules.max_samples, "pacing": pacer.mode,
                 "replace_per_epoch": pacer.replace_per_epoch, "max_ingest_rate": pacer.max_rate,
                 "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()}
 
@@ -288,6 +275,12 @@ class Daemon:
             self.scheduler.discover_soon()
         return self.scheduler.call(op)
 
+
+    def _not_discovered(self) -> str | None:
+        """Why no epoch can be sealed yet: the source's schema is not known (discovery has not listed it)."""
+        if self.schema is not None:
+            return None
+        return f"the source is not discovered yet: {self.last_error or 'discovering'}"
 
     # -- reporting -----------------------------------------------------------------------------------
     def _manifest_fields(self) -> dict[str, Any]:

@@ -13,7 +13,8 @@ import pytest
 from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.epochs.leasing import Leasing
-from samplecache_service.epochs.manager import UNREAD_GRANTS, EpochManager, build_manifest
+from samplecache_service.epochs.manager import UNREAD_GRANTS, EpochManager, EpochRules, build_manifest
+from samplecache_service.store.budget import Budget
 from samplecache_service.store.catalog import LEASE_PREFIX, Catalog
 from samplecache_service.store.writer import Writer, open_env
 
@@ -31,7 +32,8 @@ class Cache:
         self.writer = Writer(self.env, self.dbs, self.catalog)
         self.leases = LeaseTable(default_ttl=60.0)
         self.jobs = JobTable(60.0)
-        self.epochs = EpochManager(self.catalog, self.writer, self.leases, dict, wait_max=1.0)
+        budget = Budget(1 << 26, 0, "fifo")
+        self.epochs = EpochManager(self.catalog, self.writer, self.leases, self.jobs, budget, dict, EpochRules())
         self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
 
     def close(self) -> None:

@@ -30,6 +30,14 @@ class Leasing:
         """Queue the job table for the disk; read on the writer thread, so a later snapshot never lands first."""
         return self.writer.put_meta(lambda: {"jobs": self.jobs.saved()})
 
+    def of_job(self, job: str) -> list[Lease]:
+        """The live leases of ``job``'s readers."""
+        return [l for l in self.leases.live() if l.job == job]
+
+    def expired_for(self, job: str, job_epoch: int) -> Lease | None:
+        """The latest recently expired lease of ``job`` on its epoch ``job_epoch``, if any."""
+        return self.leases.expired_for(job, job_epoch)
+
     def missing_shards(self, epoch: int) -> int:
         """How many shards of ``epoch`` are no longer resident."""
         return sum(1 for sid in self.epochs.shard_ids(epoch) if self.catalog.shard(sid) is None)

@@ -12,14 +12,18 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from samplecache.format.manifest import Manifest
+from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.errors import Conflict, Gone, NotReady
+from samplecache_service.store.budget import Budget
 from samplecache_service.store.catalog import Catalog, Shard
+from samplecache_service.store.eviction import plan_eviction
 from samplecache_service.store.writer import Writer
 
 log = logging.getLogger("samplecache.epochs")
@@ -59,33 +63,49 @@ def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb
     ).to_json()
 
 
+@dataclass
+class EpochRules:
+    """What decides which shards an epoch names and how long manifests are kept (``--epoch-*`` settings)."""
+
+    wait_max: float = 30.0  # the longest wait for min_samples
+    max_samples: int = 0  # cap on an epoch's samples (0: none); PATCH /v1/config changes it
+    keep_last: int = 0  # manifests kept besides pinned and job-mapped ones (0: all)
+    headroom: float = 0.2  # share of the budget a new epoch leaves to the policy's next evictions
+    seed: int = 0  # of a capped epoch's subset, and of random eviction
+
+
 class EpochManager:
-    def __init__(self, catalog: Catalog, writer: Writer, leases: LeaseTable,
-                 manifest_fields: Callable[[], dict[str, Any]], wait_max: float) -> None:
-        self.catalog = catalog
-        self.writer = writer
-        self.leases = leases
+    def __init__(self, catalog: Catalog, writer: Writer, leases: LeaseTable, jobs: JobTable, budget: Budget,
+                 manifest_fields: Callable[[], dict[str, Any]], rules: EpochRules,
+                 on_new_epoch: Callable[[int], None] = lambda epoch: None,
+                 not_ready: Callable[[], str | None] = lambda: None) -> None:
+        """``manifest_fields``: what every manifest says besides its shards (called once per seal);
+        ``on_new_epoch``: a new epoch was granted its share of replacement (see ``grant``); ``not_ready``: why no
+        epoch can be sealed yet (the source not discovered), or None."""
+        self.catalog, self.writer, self.leases, self.jobs, self.budget = catalog, writer, leases, jobs, budget
         self.manifest_fields = manifest_fields
-        self.wait_max = wait_max
-        self.max_samples = 0
-        # () -> the shards an epoch may name: the resident ones minus what the eviction policy would
-        # drop to leave headroom for new shards while the epoch is leased (set by the daemon)
-        self.resident_for_epoch: Callable[[], list[Shard]] = catalog.shards
-        self.extra_pins: Callable[[], set[int]] = set  # epochs pinned besides leases (jobs' new mappings)
-        # a share of replacement granted to a new epoch (sealed, or reused by a job): see grant()
-        self.on_new_epoch: Callable[[int], None] = lambda epoch: None
+        self.rules = rules
+        self.on_new_epoch = on_new_epoch
+        self.not_ready = not_ready
         self._unread: dict[int, float] = {}  # epochs that were granted a share and have no lease yet -> when
         self._unread_lock = threading.Lock()  # leases are settled on the writer thread
         self._lock = asyncio.Lock()
         self._ids: dict[int, frozenset[int]] = {}
         self._sealed_from: dict[int, tuple[Any, ...]] = {}  # the latest uncapped epoch -> what it was made from
-        self.reuse_key: Callable[[], tuple[Any, ...]] = tuple  # settings that change what an epoch names
-        self.keep_last = 0  # manifests kept besides pinned and job-mapped ones (0: all)
-        self.job_epochs: Callable[[], set[int]] = set  # daemon epochs that jobs map theirs to (kept)
 
     def kept_epochs(self) -> set[int]:
         """Epochs whose manifests must stay whatever their age: pinned (leases, a fresh seal) or job-mapped."""
-        return self.pinned_epochs() | self.job_epochs()
+        return self.pinned_epochs() | self.jobs.mapped()
+
+    def resident_for_epoch(self) -> list[Shard]:
+        """What a new epoch may name: the resident shards, less what the eviction policy would drop to keep
+        ``headroom`` of the budget free. While an epoch is leased its shards cannot be evicted, so this headroom
+        is where new shards go until the next epoch; without it a full, leased cache could never take in new
+        data."""
+        shards = self.catalog.shards()
+        keep = int(self.budget.max_bytes * (1.0 - self.rules.headroom))
+        drop = set(plan_eviction(shards, (), keep, 0, self.budget.policy, self.rules.seed).evict)
+        return [s for s in shards if s.id not in drop] or shards[-1:]
 
     def last_sealed(self) -> int:
         eps = self.catalog.epochs()
@@ -106,7 +126,7 @@ class EpochManager:
 
     def pinned_epochs(self) -> set[int]:
         sealed = set(self.catalog.epochs())
-        pinned = {e for e in self.leases.epochs() | self.extra_pins() if e in sealed}
+        pinned = {e for e in self.leases.epochs() | self.jobs.recently_mapped() if e in sealed}
         last = self.last_sealed()
         sealed_at = self.catalog.summary(last).get("sealed_at", 0)
         if last >= 0 and time.time() - sealed_at < self.leases.default_ttl:
@@ -121,7 +141,7 @@ class EpochManager:
 
     async def _warm(self, epoch: int, min_samples: int, timeout: float) -> None:
         """Wait (bounded) until the cache holds ``min_samples``; 503 with Retry-After when it does not."""
-        deadline = time.monotonic() + min(max(timeout, 0.0), self.wait_max)
+        deadline = time.monotonic() + min(max(timeout, 0.0), self.rules.wait_max)
         while self.catalog.resident_rows < min_samples:
             if time.monotonic() >= deadline:
                 raise NotReady(f"epoch {epoch} needs at least {min_samples} samples; the cache holds "
@@ -129,10 +149,30 @@ class EpochManager:
                                  retry_after=2.0)
             await asyncio.sleep(0.05)
 
+    def _check_ready(self) -> None:
+        why = self.not_ready()
+        if why is not None:
+            raise NotReady(why, retry_after=2.0)
+
+    def summary(self, epoch: int) -> dict[str, Any]:
+        """What ``epoch``'s manifest holds in numbers (samples, bytes, ...); empty once it is no longer kept."""
+        return self.catalog.summary(epoch)
+
+    def summaries(self) -> dict[int, dict[str, Any]]:
+        return self.catalog.summaries()
+
+    def sealed(self) -> list[int]:
+        """The epochs whose manifests are kept, oldest first."""
+        return self.catalog.epochs()
+
+    def compact_manifest(self, epoch: int) -> bytes | None:
+        """``epoch``'s manifest with its shard table packed (what the client reads), if it is sealed."""
+        return self.catalog.compact_manifest(epoch)
+
     def _made_from(self) -> tuple[Any, ...]:
         """What an uncapped epoch sealed now would be made from: the resident shards and the settings that
         decide which of them it names."""
-        return (self.catalog.shards_version, *self.reuse_key())
+        return (self.catalog.shards_version, self.budget.max_bytes, self.budget.policy)
 
     def grant(self, epoch: int) -> bool:
         """Grant new ``epoch`` its share of replacement, unless UNREAD_GRANTS epochs granted within the lease TTL
@@ -167,7 +207,7 @@ class EpochManager:
             made.append(select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch))
             return build_manifest(epoch, made[0], previous=previous, **fields)
 
-        raw = await asyncio.wrap_future(self.writer.seal(epoch, build, self.keep_last, self.kept_epochs))
+        raw = await asyncio.wrap_future(self.writer.seal(epoch, build, self.rules.keep_last, self.kept_epochs))
         if made:
             rows = sum(s.rows for s in made[0])
             log.info("epoch %d sealed: %d shards, %d samples", epoch, len(made[0]), rows,
@@ -184,12 +224,13 @@ class EpochManager:
         raw = self.catalog.manifest_bytes(epoch)
         if raw is not None:
             return raw
+        self._check_ready()
         last = self.last_sealed()
         if epoch > last + 1:
             raise Conflict(f"epoch {epoch} cannot be sealed yet: the last sealed epoch is {last}, "
                                   f"so the next one is {last + 1}")
         if epoch <= last:
-            raise Gone(f"epoch {epoch} is no longer kept: the daemon keeps the last {self.keep_last} "
+            raise Gone(f"epoch {epoch} is no longer kept: the daemon keeps the last {self.rules.keep_last} "
                                   f"sealed epochs and those leased or mapped by a job (kept now: from "
                                   f"{self.catalog.epochs()[0]} to {last}); start from a newer epoch")
         await self._warm(epoch, min_samples, timeout)
@@ -199,14 +240,15 @@ class EpochManager:
                 return raw
             if self.last_sealed() != epoch - 1:
                 raise Conflict(f"epoch {epoch} cannot be sealed: the last sealed epoch is {self.last_sealed()}")
-            return await self._seal(epoch, self.max_samples if max_samples is None else max_samples, grant)
+            return await self._seal(epoch, self.rules.max_samples if max_samples is None else max_samples, grant)
 
     async def seal_new(self, min_samples: int = 1, timeout: float = 30.0, max_samples: int | None = None) -> int:
         """A new epoch of the shards resident now, with this request's own cap and warm-up (for a job's new
         epoch; never one sealed meanwhile for another request). The latest epoch is reused when sealing now
         would give the same manifest: no shard came or went since, no cap, the same budget and policy, and
         enough samples. Returns its number."""
-        cap = self.max_samples if max_samples is None else max_samples
+        cap = self.rules.max_samples if max_samples is None else max_samples
+        self._check_ready()
         await self._warm(self.last_sealed() + 1, min_samples, timeout)
         async with self._lock:
             last = self.last_sealed()

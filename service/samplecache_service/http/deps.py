@@ -1,4 +1,8 @@
-"""FastAPI dependencies shared by the routers: the daemon and the token check."""
+"""FastAPI dependencies shared by the routers: the parts each route uses, and the token check.
+
+A route names the few parts it needs (``EpochsDep``, ``LeasingDep``, ...); the daemon wires them and is the
+control surface (pause, configure, quarantine) and the whole-system view that status, metrics and the page
+read."""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from samplecache_service.daemon import Daemon
+from samplecache_service.epochs.jobs import JobTable
+from samplecache_service.epochs.leasing import Leasing
+from samplecache_service.epochs.manager import EpochManager
 from samplecache_service.http.auth import authorized
 from samplecache_service.http.gate import UNAUTHORIZED
 
@@ -18,6 +25,18 @@ BEARER = HTTPBearer(auto_error=False, description="The daemon's token (GET /v1/s
 
 def get_daemon(request: Request) -> Daemon:
     return request.app.state.daemon  # type: ignore[no-any-return]
+
+
+def get_epochs(request: Request) -> EpochManager:
+    return get_daemon(request).epochs
+
+
+def get_leasing(request: Request) -> Leasing:
+    return get_daemon(request).leasing
+
+
+def get_jobs(request: Request) -> JobTable:
+    return get_daemon(request).jobs
 
 
 def is_authorized(request: Request) -> bool:
@@ -37,4 +56,7 @@ def require_token(request: Request,
 
 
 DaemonDep = Annotated[Daemon, Depends(get_daemon)]
+EpochsDep = Annotated[EpochManager, Depends(get_epochs)]
+LeasingDep = Annotated[Leasing, Depends(get_leasing)]
+JobsDep = Annotated[JobTable, Depends(get_jobs)]
 TokenDep = Depends(require_token)

@@ -76,7 +76,7 @@ router = APIRouter()
 async def status_page(d: DaemonDep) -> HTMLResponse:
     """The status page (``docs/status-page.md`` says what each panel shows)."""
     st = status_of(d)
-    jobs = [job_out(d, j) for j in d.jobs.all()]
+    jobs = [job_out(d.leasing, d.epochs, j) for j in d.jobs.all()]
     points = d.history.points()
     now = d.recorder.now()
     if not points or now.t > points[-1].t:

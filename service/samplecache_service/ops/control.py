@@ -47,5 +47,5 @@ def configure(budget: Budget, catalog: Catalog, epochs: EpochManager, pacer: Pac
     if min_free_disk is not None:
         budget.min_free_disk = min_free_disk
     if epoch_max_samples is not None:
-        epochs.max_samples = epoch_max_samples
+        epochs.rules.max_samples = epoch_max_samples
     pacer.configure(pacing, replace_per_epoch, max_ingest_rate)

@@ -9,8 +9,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from samplecache.format.constants import MAX_NUMBER
-from samplecache_service.errors import NotReady
-from samplecache_service.http.deps import DaemonDep, TokenDep, is_authorized
+from samplecache_service.http.deps import EpochsDep, LeasingDep, TokenDep, is_authorized
 from samplecache_service.http.models import HeartbeatIn, LeaseIn, LeaseOut, problems
 
 router = APIRouter(tags=["epochs"])
@@ -22,7 +21,7 @@ MANIFEST = {"description": "The sealed manifest", "content": {"application/json"
 
 
 @router.get("/v1/epochs/{epoch}", responses={200: MANIFEST, **problems(404, 409, 410, 422, 503)})
-async def get_epoch(d: DaemonDep, request: Request, epoch: Epoch,
+async def get_epoch(epochs: EpochsDep, request: Request, epoch: Epoch,
                     min_samples: Annotated[int, Query(ge=0, le=MAX_NUMBER, description="Wait until the cache holds "
                                                       "this many samples before sealing")] = 1,
                     timeout: Annotated[float, Query(ge=0, le=3600,
@@ -34,36 +33,34 @@ async def get_epoch(d: DaemonDep, request: Request, epoch: Epoch,
                                             "(what the client uses)")] = "json") -> Response:
     """The manifest of ``epoch``. The first call seals it from the shards resident now; it grants the epoch a
     share of replacement (remote traffic) only when it carries the token (or the daemon runs ``--auth off``)."""
-    if d.schema is None and d.catalog.manifest_bytes(epoch) is None:
-        raise NotReady(f"the source is not discovered yet: {d.last_error or 'discovering'}", retry_after=2)
     # errors.ServiceError: see api.py
-    raw = await d.epochs.manifest(epoch, min_samples, timeout, max_samples, grant=is_authorized(request))
+    raw = await epochs.manifest(epoch, min_samples, timeout, max_samples, grant=is_authorized(request))
     if format == "compact":
-        compact: bytes | None = await asyncio.to_thread(d.catalog.compact_manifest, epoch)
+        compact: bytes | None = await asyncio.to_thread(epochs.compact_manifest, epoch)
         raw = compact or raw
     return Response(raw, media_type="application/json")
 
 
 @router.post("/v1/epochs/{epoch}/leases", response_model=LeaseOut, status_code=201, responses=TAKES,
              dependencies=[TokenDep])
-async def take_lease(d: DaemonDep, epoch: Epoch, body: LeaseIn | None = None) -> Any:
+async def take_lease(leasing: LeasingDep, epoch: Epoch, body: LeaseIn | None = None) -> Any:
     """Pin every shard of a sealed epoch until the lease is released or expires."""
     body = body or LeaseIn()
-    lease = await asyncio.wrap_future(d.leasing.take(epoch, body.ttl, body.holder, body.job, body.run,
+    lease = await asyncio.wrap_future(leasing.take(epoch, body.ttl, body.holder, body.job, body.run,
                                                      body.job_epoch))
     return lease.to_json()
 
 
 @router.post("/v1/epochs/{epoch}/leases/{lease_id}/heartbeat", response_model=LeaseOut, responses=WRITES,
              dependencies=[TokenDep])
-async def heartbeat(d: DaemonDep, epoch: Epoch, lease_id: LeaseId, body: HeartbeatIn | None = None) -> Any:
+async def heartbeat(leasing: LeasingDep, epoch: Epoch, lease_id: LeaseId, body: HeartbeatIn | None = None) -> Any:
     """Keep the lease alive; ``read`` reports the samples its reader has read."""
-    return d.leasing.heartbeat(epoch, lease_id, (body or HeartbeatIn()).read).to_json()
+    return leasing.heartbeat(epoch, lease_id, (body or HeartbeatIn()).read).to_json()
 
 
 @router.delete("/v1/epochs/{epoch}/leases/{lease_id}", status_code=204, responses=WRITES, dependencies=[TokenDep])
-async def release(d: DaemonDep, epoch: Epoch, lease_id: LeaseId,
+async def release(leasing: LeasingDep, epoch: Epoch, lease_id: LeaseId,
                   read: Annotated[int | None, Query(ge=0, le=MAX_NUMBER,
                                                     description="Samples its reader read")] = None) -> Response:
-    d.leasing.release(epoch, lease_id, read)
+    leasing.release(epoch, lease_id, read)
     return Response(status_code=204)

@@ -9,10 +9,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 
 from samplecache.format.constants import MAX_NUMBER
-from samplecache_service.daemon import Daemon
 from samplecache_service.epochs.jobs import NAME_PATTERN, RUN_PATTERN, Job
-from samplecache_service.errors import Conflict, Gone, NotFound, NotReady
-from samplecache_service.http.deps import DaemonDep, TokenDep
+from samplecache_service.epochs.leasing import Leasing
+from samplecache_service.epochs.manager import EpochManager
+from samplecache_service.errors import Conflict, Gone, NotFound
+from samplecache_service.http.deps import EpochsDep, JobsDep, LeasingDep, TokenDep
 from samplecache_service.http.models import JobEpochMap, JobIn, JobOut, problems
 
 router = APIRouter(tags=["jobs"])  # errors.ServiceError raised below: mapped to statuses in api.py
@@ -21,15 +22,15 @@ JobEpoch = Annotated[int, Path(ge=0, le=MAX_NUMBER, description="The job's epoch
 EPOCHS_SHOWN = 20
 
 
-def job_out(d: Daemon, job: Job) -> dict[str, Any]:
-    leases = [l for l in d.leases.live() if l.job == job.name]
-    summaries = {str(e): v for e, v in d.catalog.summaries().items()}
-    epochs = []
+def job_out(leasing: Leasing, epochs: EpochManager, job: Job) -> dict[str, Any]:
+    leases = leasing.of_job(job.name)
+    summaries = {str(e): v for e, v in epochs.summaries().items()}
+    rows = []
     for e in sorted(job.epochs)[-EPOCHS_SHOWN:]:
         de = job.epochs[e]
         mine = [l for l in leases if l.job_epoch == e]
-        epochs.append({"job_epoch": e, "daemon_epoch": de, "samples": summaries.get(str(de), {}).get("samples"),
-                       "samples_read": job.read.get(e, 0) + sum(l.read for l in mine), "leases": len(mine)})
+        rows.append({"job_epoch": e, "daemon_epoch": de, "samples": summaries.get(str(de), {}).get("samples"),
+                     "samples_read": job.read.get(e, 0) + sum(l.read for l in mine), "leases": len(mine)})
     state = "reading" if leases else ("expired" if job.expired else "idle")
     return {"name": job.name, "state": state, "created_at": job.created_at, "last_seen": job.last_seen,
             "last_heartbeat": max((l.expires_at - l.ttl for l in leases), default=None),
@@ -37,46 +38,46 @@ def job_out(d: Daemon, job: Job) -> dict[str, Any]:
             "samples_read": sum(job.read.values()) + sum(l.read for l in leases),
             "leases": [{"epoch": l.epoch, "job_epoch": l.job_epoch, "holder": l.holder, "read": l.read,
                         "expires_at": l.expires_at} for l in leases],
-            "epochs": epochs}
+            "epochs": rows}
 
 
 @router.post("/v1/jobs", response_model=JobOut, responses=problems(400, 401, 404, 409, 413, 422),
              dependencies=[TokenDep])
-async def attach(d: DaemonDep, body: JobIn) -> Any:
+async def attach(jobs: JobsDep, leasing: LeasingDep, epochs: EpochsDep, body: JobIn) -> Any:
     """Start a job, join it (another process of the same run) or take it over (a new run of the same name
     continues its epoch sequence). ``resume``: the job must exist."""
-    job = d.jobs.attach(body.name, body.run, body.resume)
-    d.leasing.save_jobs()
-    return job_out(d, job)
+    job = jobs.attach(body.name, body.run, body.resume)
+    leasing.save_jobs()
+    return job_out(leasing, epochs, job)
 
 
 @router.get("/v1/jobs", response_model=list[JobOut])
-async def jobs(d: DaemonDep) -> Any:
+async def jobs(jobs: JobsDep, leasing: LeasingDep, epochs: EpochsDep) -> Any:
     """Every job the daemon knows, oldest first, with its latest epochs and live leases."""
-    return [job_out(d, j) for j in d.jobs.all()]
+    return [job_out(leasing, epochs, j) for j in jobs.all()]
 
 
 @router.get("/v1/jobs/{name}", response_model=JobOut, responses=problems(404, 422))
-async def job(d: DaemonDep, name: Name) -> Any:
-    return job_out(d, d.jobs.job(name))
+async def job(jobs: JobsDep, leasing: LeasingDep, epochs: EpochsDep, name: Name) -> Any:
+    return job_out(leasing, epochs, jobs.job(name))
 
 
-def _replayable(d: Daemon, daemon_epoch: int) -> int:
+def _replayable(leasing: Leasing, epochs: EpochManager, daemon_epoch: int) -> int:
     """``daemon_epoch`` if it is sealed and every shard it names is still resident."""
-    if daemon_epoch not in d.catalog.epochs():
+    if daemon_epoch not in epochs.sealed():
         raise NotFound(f"daemon epoch {daemon_epoch} is not sealed (GET /v1/status lists the epochs)")
-    missing = d.leasing.missing_shards(daemon_epoch)
+    missing = leasing.missing_shards(daemon_epoch)
     if missing:
         raise Gone(f"daemon epoch {daemon_epoch} can no longer be read: {missing} of its shards were "
                    f"evicted (it had no live lease); replay a newer epoch")
     return daemon_epoch
 
 
-def _gone(d: Daemon, job: Job, job_epoch: int, daemon_epoch: int, missing: int) -> Gone:
+def _gone(leasing: Leasing, job: Job, job_epoch: int, daemon_epoch: int, missing: int) -> Gone:
     nxt = job_epoch + 1
-    while nxt in job.epochs and d.leasing.missing_shards(job.epochs[nxt]):
+    while nxt in job.epochs and leasing.missing_shards(job.epochs[nxt]):
         nxt += 1
-    lease = d.leases.expired_for(job.name, job_epoch)
+    lease = leasing.expired_for(job.name, job_epoch)
     why = (f"its lease expired {time.time() - lease.expires_at:.0f} s ago and" if lease is not None
            else "it had no live lease and")
     return Gone(f"job {job.name!r} epoch {job_epoch} (daemon epoch {daemon_epoch}) can no longer be read: "
@@ -87,7 +88,7 @@ def _gone(d: Daemon, job: Job, job_epoch: int, daemon_epoch: int, missing: int) 
 @router.post("/v1/jobs/{name}/epochs/{job_epoch}", response_model=JobEpochMap,
              responses=problems(401, 404, 409, 410, 413, 422, 503),
              dependencies=[TokenDep])
-async def map_epoch(d: DaemonDep, name: Name, job_epoch: JobEpoch,
+async def map_epoch(jobs: JobsDep, leasing: LeasingDep, epochs: EpochsDep, name: Name, job_epoch: JobEpoch,
                     run: Annotated[str, Query(pattern=RUN_PATTERN, description="The job's run")],
                     min_samples: Annotated[int, Query(ge=0, le=MAX_NUMBER, description="Wait until the cache holds "
                                                       "this many samples before sealing")] = 1,
@@ -101,26 +102,24 @@ async def map_epoch(d: DaemonDep, name: Name, job_epoch: JobEpoch,
     """The daemon epoch that the job's epoch reads: the first request seals a new one from the shards resident
     now (or maps the sealed ``daemon_epoch`` asked for); every later request of the job (any rank, worker or
     host) gets the same. 410 when its shards were evicted (its leases ended), with ``next_epoch`` to go on at."""
-    d.jobs.job(name, run)  # 404 / 409 before waiting for the lock
-    async with d.jobs.lock(name):  # one mapping at a time per job: its ranks and workers ask at once
-        job = d.jobs.job(name, run)  # again: the job may have been taken over while this request waited
+    jobs.job(name, run)  # 404 / 409 before waiting for the lock
+    async with jobs.lock(name):  # one mapping at a time per job: its ranks and workers ask at once
+        job = jobs.job(name, run)  # again: the job may have been taken over while this request waited
         mapped = job.epochs.get(job_epoch)
         if daemon_epoch is not None and mapped not in (None, daemon_epoch):
             raise Conflict(f"job {name!r} epoch {job_epoch} already reads daemon epoch {mapped}, not "
                            f"{daemon_epoch}: replay it as another job epoch")
         if mapped is None:
             if daemon_epoch is not None:
-                mapped = _replayable(d, daemon_epoch)
+                mapped = _replayable(leasing, epochs, daemon_epoch)
             else:
-                if d.schema is None:
-                    raise NotReady(f"the source is not discovered yet: {d.last_error or 'discovering'}", retry_after=2)
-                mapped = await d.epochs.seal_new(min_samples, timeout, max_samples)
-                d.jobs.job(name, run)  # and after a long warm-up
-            d.jobs.map_epoch(name, job_epoch, mapped)
-            await asyncio.wrap_future(d.leasing.save_jobs())  # on disk before any process reads it
+                mapped = await epochs.seal_new(min_samples, timeout, max_samples)  # 503 before discovery
+                jobs.job(name, run)  # and after a long warm-up
+            jobs.map_epoch(name, job_epoch, mapped)
+            await asyncio.wrap_future(leasing.save_jobs())  # on disk before any process reads it
         else:
-            missing = d.leasing.missing_shards(mapped)
+            missing = leasing.missing_shards(mapped)
             if missing:
-                raise _gone(d, job, job_epoch, mapped, missing)
-    samples = d.catalog.summary(mapped).get("samples", 0)
+                raise _gone(leasing, job, job_epoch, mapped, missing)
+    samples = epochs.summary(mapped).get("samples", 0)
     return {"job": name, "job_epoch": job_epoch, "daemon_epoch": mapped, "samples": samples}
