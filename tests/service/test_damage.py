@@ -154,6 +154,26 @@ def test_a_cache_gets_its_id_once_and_keeps_it(tmp_path: Path) -> None:
     assert new != ids[0] and len(new) == 32
 
 
+def test_a_cache_that_holds_nothing_is_not_bound_to_its_source(tmp_path: Path) -> None:
+    """A first start whose source never worked (``s3://no-such-bucket``) leaves the identity stamped but no data:
+    a start with the right source takes the dir and keeps its id; once it holds data, another source is refused
+    with the way out named."""
+    wrong = Settings(cache_dir=tmp_path, source="s3://no-such-bucket/data/")
+    right = Settings(cache_dir=tmp_path, source="s3://bucket/data/")
+    cache = dd.Cache(wrong.lmdb_path)
+    try:
+        first = check_identity(cache.catalog, cache.writer, wrong)
+        assert check_identity(cache.catalog, cache.writer, right) == first
+        assert cache.catalog.meta("source") == right.source
+        cache.writer.put_meta({"schema": {"columns": []}}).result()  # what a working listing writes first
+        with pytest.raises(StartupError) as ei:
+            check_identity(cache.catalog, cache.writer, wrong)
+    finally:
+        cache.close()
+    msg = str(ei.value)
+    assert "holds a sample of 's3://bucket/data/'" in msg and "--reset-cache" in msg, msg
+
+
 def test_an_old_format_cache_names_the_way_out(tmp_path: Path) -> None:
     settings = Settings(cache_dir=tmp_path)
     cache = dd.Cache(settings.lmdb_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import time
@@ -14,11 +15,14 @@ from typing import Any
 from samplecache.format.constants import CACHE_ID_KEY
 from samplecache.format.record import FORMAT_VERSION
 from samplecache_service.config.mapsize import map_size_for as map_size_for  # for the daemon and benchmarks
+from samplecache_service.config.redact import redact
 from samplecache_service.config.settings import Settings
 from samplecache_service.files import FILE_MODE, fix_mode
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.lmdbmeta import MetaError, read_meta
 from samplecache_service.store.writer import Writer
+
+log = logging.getLogger("samplecache.daemon")
 
 COMMITTED = "lmdb.committed"  # beside the LMDB dir: the cache has committed data (written after the first commit)
 RESET_HINT = "restart with --reset-cache to rebuild the cache (the cached sample is dropped)"
@@ -58,10 +62,15 @@ def check_identity(catalog: Catalog, writer: Writer, settings: Settings) -> str:
         raise StartupError(f"cache_dir {settings.cache_dir} holds record format v{fmt}; this "
                            f"samplecache writes v{FORMAT_VERSION}: {RESET_HINT}, or use a new --cache-dir")
     src = catalog.meta("source")
-    if src is not None and settings.source and src != settings.source:
-        raise StartupError(f"cache_dir {settings.cache_dir} holds a sample of {src!r}, not of "
-                           f"--source {settings.source!r}: use another --cache-dir")
     stamp: dict[str, Any] = {}
+    if src is not None and settings.source and src != settings.source:
+        # a cache that holds nothing of its source (a first start that failed) is not bound to it
+        if holds_data(catalog):
+            raise StartupError(f"cache_dir {settings.cache_dir} holds a sample of {redact(src)!r}, not of "
+                               f"--source {redact(settings.source)!r}: use another --cache-dir, or {RESET_HINT}")
+        log.info("cache_dir %s held nothing of %r: it now holds a sample of --source %r", settings.cache_dir,
+                 redact(src), redact(settings.source), extra={"event": "cache_rebound"})
+        stamp.update(source=settings.source)
     if fmt is None or src is None:
         stamp.update(format=FORMAT_VERSION, source=settings.source)
     cache_id = catalog.meta(CACHE_ID_KEY)
@@ -71,6 +80,11 @@ def check_identity(catalog: Catalog, writer: Writer, settings: Settings) -> str:
         writer.put_meta(stamp).result()
     mark_committed(settings.lmdb_path)
     return str(cache_id)
+
+
+def holds_data(catalog: Catalog) -> bool:
+    """Whether the cache holds anything learnt from its source: shards, sealed epochs, a schema or file records."""
+    return bool(catalog.shard_count() or catalog.epochs() or catalog.meta("schema") or catalog.files())
 
 
 def committed_marker(lmdb_dir: Path) -> Path:
