@@ -113,9 +113,22 @@ def resolve_token(settings: "Settings") -> str | None:
     return _create(path)
 
 
-def authorized(header: bytes | None, token: bytes) -> bool:
-    """Whether an ``Authorization`` header (raw bytes, any encoding) carries ``Bearer <token>``."""
-    if header is None:
-        return False
-    scheme, _, given = header.strip().partition(b" ")
-    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), token)
+WHERE = "the token is in the file GET /v1/status names as auth.token_file (or the daemon's --token)"
+NO_TOKEN = f"this request changes state and needs 'Authorization: Bearer <token>', and it sent no token: {WHERE}"
+NOT_BEARER = f"the Authorization header is not 'Bearer <token>', so no token was read from it: {WHERE}"
+WRONG_TOKEN = (f"the bearer token sent is not this daemon's token (one from an earlier token file or another daemon "
+               f"is refused): {WHERE}")
+
+
+def token_problem(header: bytes | None, token: bytes) -> str | None:
+    """None when an ``Authorization`` header (raw bytes, any encoding) carries ``Bearer <token>``; else the 401's
+    detail: no token, not a bearer header, or a wrong token. It never shows the token sent or the daemon's."""
+    scheme, _, given = (header or b"").strip().partition(b" ")
+    if not scheme:
+        return NO_TOKEN
+    if scheme.lower() != b"bearer":
+        return NOT_BEARER
+    if not given.strip():
+        return NO_TOKEN
+    # constant time: the reply's timing tells nothing of how much of the token was right
+    return None if hmac.compare_digest(given.strip(), token) else WRONG_TOKEN

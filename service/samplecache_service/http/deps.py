@@ -15,8 +15,7 @@ from samplecache_service.daemon import Daemon
 from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leasing import Leasing
 from samplecache_service.epochs.manager import EpochManager
-from samplecache_service.http.auth import authorized
-from samplecache_service.http.gate import UNAUTHORIZED
+from samplecache_service.http.auth import token_problem
 
 # Declares the scheme in the OpenAPI; the check itself happens in the gate (``gate.py``) before the body is
 # read, and again here for an app served without the gate.
@@ -39,20 +38,26 @@ def get_jobs(request: Request) -> JobTable:
     return get_daemon(request).jobs
 
 
-def is_authorized(request: Request) -> bool:
-    """The request carries the daemon's token, or the daemon runs with ``--auth off``."""
+def refusal(request: Request) -> str | None:
+    """None when the request carries the daemon's token (or the daemon runs with ``--auth off``); else why not."""
     token: str | None = request.app.state.token
     if token is None:
-        return True
+        return None
     header = request.headers.get("authorization")
-    return header is not None and authorized(header.encode("latin-1"), token.encode("utf-8"))
+    return token_problem(None if header is None else header.encode("latin-1"), token.encode("utf-8"))
+
+
+def is_authorized(request: Request) -> bool:
+    """The request carries the daemon's token, or the daemon runs with ``--auth off``."""
+    return refusal(request) is None
 
 
 def require_token(request: Request,
                   credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None) -> None:
     """Endpoints that change state need ``Authorization: Bearer <token>`` unless ``--auth off``."""
-    if not is_authorized(request):
-        raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+    refused = refusal(request)
+    if refused is not None:
+        raise HTTPException(401, refused, headers={"WWW-Authenticate": "Bearer"})
 
 
 DaemonDep = Annotated[Daemon, Depends(get_daemon)]

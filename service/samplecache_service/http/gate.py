@@ -2,9 +2,9 @@
 
 A pure ASGI middleware (no ``BaseHTTPMiddleware``: that one reads bodies into memory). For a method that
 can change state it checks ``Authorization: Bearer <token>`` before a single body byte is read: a wrong or
-missing token is a 401 and the body is never received. A body announced larger than ``max_body_bytes``
-(``Content-Length``) is a 413 at once; a body without a length (chunked) is received up to the limit and
-refused as soon as it passes it. Replies are JSON ``{"detail": ...}``, as every other error is.
+missing token is a 401 (its detail says which) and the body is never received. A body announced larger than
+``max_body_bytes`` (``Content-Length``) is a 413 at once; a body without a length (chunked) is received up to the
+limit and refused as soon as it passes it. Replies are JSON ``{"detail": ...}``, as every other error is.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Awaitable, Callable, MutableMapping
 
-from samplecache_service.http.auth import authorized
+from samplecache_service.http.auth import token_problem
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -21,8 +21,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # every other method needs the token
-UNAUTHORIZED = ("this request changes state and needs 'Authorization: Bearer <token>': the token is in the file "
-                "GET /v1/status names as auth.token_file (or the daemon's --token)")
 
 
 async def problem(send: Send, status: int, detail: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
@@ -54,8 +52,9 @@ class RequestGate:
             await self.app(scope, receive, send)
             return
         if self.token is not None and scope["method"] not in SAFE_METHODS:
-            if not authorized(_header(scope, b"authorization"), self.token):
-                await problem(send, 401, UNAUTHORIZED, ((b"www-authenticate", b"Bearer"),))
+            refused = token_problem(_header(scope, b"authorization"), self.token)
+            if refused is not None:
+                await problem(send, 401, refused, ((b"www-authenticate", b"Bearer"),))
                 return
         length = _header(scope, b"content-length")
         too_big = f"the request body is larger than the daemon accepts ({self.limit} bytes, --max-body-bytes)"
