@@ -179,7 +179,7 @@ class Daemon:
             raise StartupError(f"max_bytes {self.max_bytes} is too small for one block of rows: --max-bytes / "
                                f"SAMPLECACHE_MAX_BYTES of at least {MIN_BUDGET} fits")
         if not self.catalog.files() or self.schema is None:
-            self.scheduler.discover()
+            self.scheduler.discover(at_start=True)
             if self.scheduler.planner is None:
                 raise StartupError(self.last_error or f"cannot read source {self.source_shown!r}")
 

@@ -307,3 +307,7 @@ def test_a_daemon_that_cannot_start_says_why_in_one_json_line(tmp_path: Path) ->
     lines = json_lines(tmp_path / "err.log")
     failed = [ln for ln in lines if ln["event"] == "startup_failed"]
     assert len(failed) == 1 and failed[0]["level"] == "error" and "does not exist" in failed[0]["msg"], lines
+    # the warning before it says what happens next: no retry, the daemon does not start
+    listing = [ln for ln in lines if ln["event"] == "discovery_failed"]
+    assert len(listing) == 1 and "retrying" not in listing[0]["msg"], listing
+    assert "does not start: serve exits 1" in listing[0]["msg"], listing

@@ -37,6 +37,8 @@ log = logging.getLogger("samplecache.daemon")
 
 MAX_UNIT_ATTEMPTS = 8     # failures in a row before a unit is given up for this pass (tried again next pass)
 CORRUPT_CONFIRMATIONS = 2  # unparsable bytes twice in a row (a fresh read each time) before a file is quarantined
+# what follows a failed first listing: a fresh cache needs a readable source, so the daemon does not start
+AT_START_FAILED = "the daemon does not start: serve exits 1"
 T = TypeVar("T")
 
 
@@ -154,7 +156,9 @@ class Scheduler:
             self._release_deferred()
             self._fill()
 
-    def discover(self) -> None:
+    def discover(self, at_start: bool = False) -> None:
+        """List the source (see Discovery.run); ``at_start``: the daemon's first listing, whose failure stops the
+        start (``Daemon.check_remote``) instead of being retried, and the warning says so."""
         discovery = self.discovery
         assert discovery is not None
         try:
@@ -178,7 +182,8 @@ class Scheduler:
         except Exception as e:  # remote down or bad: report, retry
             self.last_error = str(e) if isinstance(e, RemoteError) else f"{type(e).__name__}: {e}"
             self.remote_errors += 1
-            log.warning("remote: %s (retrying in %.0fs)", self.last_error, self.settings.retry_seconds,
+            then = AT_START_FAILED if at_start else f"retrying in {self.settings.retry_seconds:.0f}s"
+            log.warning("remote: %s (%s)", self.last_error, then,
                         extra={"event": "discovery_failed", "error_class": classify_error(e)})
             self._next_discovery = self.clock() + self.settings.retry_seconds
 
