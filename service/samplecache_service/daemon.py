@@ -11,7 +11,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from samplecache_service.config.redact import redact
+from samplecache_service.config.redact import redact, shown_id
 from samplecache_service.config.settings import MIN_BUDGET, Settings
 from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leases import LeaseTable
@@ -43,6 +43,7 @@ from samplecache_service.store.cacheguard import INTERVAL_S, CacheGuard
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.disk import DiskSpace
 from samplecache_service.store.eviction import EvictionPlan, plan_eviction
+from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.lmdbmap import open_cache_env
 from samplecache_service.store.staging import leftovers, set_aside
 from samplecache_service.store.writer import NoRoom, Writer
@@ -52,6 +53,12 @@ log = logging.getLogger("samplecache.daemon")
 
 def _exit_on_fatal(reason: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts down; `samplecache serve` then exits 1
+
+
+def listed(path: str, info: FileInfo) -> dict[str, Any]:
+    """A quarantined file as GET /v1/quarantine lists it: credentials masked, with the id that names it."""
+    return {"id": shown_id(path), "path": redact(path), "reason": redact(info.reason), "kind": info.kind,
+            "at": info.at, "released": info.recheck}
 
 
 class Daemon:
@@ -152,7 +159,9 @@ class Daemon:
 
     @property
     def paused_reason(self) -> str | None:
-        return self.scheduler.paused_reason
+        # it may name the last error, and so a remote path with the source's credentials
+        reason = self.scheduler.paused_reason
+        return redact(reason) if reason else None
 
     @property
     def user_paused(self) -> bool:
@@ -261,18 +270,22 @@ class Daemon:
                 "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()}
 
     def quarantined(self) -> list[dict[str, Any]]:
-        return [{"path": redact(p), "reason": redact(i.reason), "kind": i.kind, "at": i.at, "released": i.recheck}
-                for p, i in sorted(self.catalog.files().items()) if i.quarantined]
+        return [listed(p, i) for p, i in sorted(self.catalog.files().items()) if i.quarantined]
 
-    def release(self, path: str) -> "Future[None]":
-        """Take ``path`` out of quarantine: it is read again at once (and quarantined again if still bad).
-        The future raises errors.NotFound when no quarantined file has that name."""
-        def op() -> None:
-            info = self.catalog.file(path)
-            if not info.quarantined:
-                raise NotFound(f"no quarantined file {redact(path)!r} (GET /v1/quarantine lists them)")
-            self.writer.put_files({path: info.release()}).result()
+    def release(self, name: str) -> "Future[dict[str, Any]]":
+        """Take the quarantined file ``name`` out of quarantine: it is read again at once (and quarantined again if
+        still bad). ``name`` is its id or its path as GET /v1/quarantine lists them (credentials masked), or its
+        real path. The future gives its entry as listed; it raises errors.NotFound when no quarantined file has
+        that name."""
+        def op() -> dict[str, Any]:
+            files = self.catalog.files()
+            # a listed (masked) path names one file: the paths of one source differ beyond its credentials
+            found = {p: i.release() for p, i in files.items() if i.quarantined and name in (p, redact(p), shown_id(p))}
+            if not found:
+                raise NotFound(f"no quarantined file {redact(name)!r} (GET /v1/quarantine lists them)")
+            self.writer.put_files(found).result()
             self.scheduler.discover_soon()
+            return next(listed(p, i) for p, i in found.items())
         return self.scheduler.call(op)
 
 

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from samplecache_service.config.redact import redact
+
 log = logging.getLogger("samplecache.health")
 
 STALL_S = 120.0  # a thread that has not beaten for this long is stalled (a listing of a slow remote may take a while)
@@ -59,7 +61,8 @@ class Health:
     def failed(self, name: str, exc: BaseException) -> None:
         t = self.thread(name)
         t.failures += 1
-        t.last_error = f"{type(exc).__name__}: {exc}"
+        # shown in /healthz and /v1/status: an error about a remote path may hold the source's credentials
+        t.last_error = redact(f"{type(exc).__name__}: {exc}")
         now = time.monotonic()
         if t.failing_since is None:
             t.failing_since = now
@@ -115,7 +118,7 @@ class Health:
                 got = f"{type(e).__name__}: {e}"
             if got:
                 out.append(f"{name}: {got}")
-        return out
+        return [redact(p) for p in out]
 
     def snapshot(self) -> dict[str, dict[str, object]]:
         with self._lock:

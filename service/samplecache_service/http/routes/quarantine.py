@@ -16,6 +16,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": Problem} for c in (401, 
 
 
 class QuarantineEntry(BaseModel):
+    id: str = Field(description="A stable id of the file: DELETE /v1/quarantine/{id} releases it")
     path: str = Field(description="The remote file, as the source lists it (credentials masked)")
     reason: str = Field(description="Why it was quarantined, in words")
     kind: str = Field(description="corrupt (pyarrow cannot parse its bytes) or schema (it does not fit the dataset)")
@@ -44,8 +45,9 @@ async def list_quarantine(d: DaemonDep) -> Any:
                dependencies=[TokenDep])
 async def release(d: DaemonDep,
                   file: Annotated[str, Path(min_length=1, max_length=4096,
-                                            description="The path as GET /v1/quarantine lists it")]) -> Any:
+                                            description="The file's id or path as GET /v1/quarantine lists them "
+                                                        "(credentials masked)")]) -> Any:
     """Take a file out of quarantine: it is read again now (and quarantined again if it is still bad)."""
-    await asyncio.wrap_future(d.release(file))  # errors.NotFound: mapped to 404 in api.py
-    got = [f for f in d.quarantined() if f["path"] == file]
-    return got[0] if got else {"path": file, "reason": "released", "kind": "released", "released": True}
+    # errors.NotFound: mapped to 404 in api.py. The reply is the entry as listed (masked), never the name as
+    # sent: a real path may hold the source's password
+    return await asyncio.wrap_future(d.release(file))
