@@ -215,7 +215,7 @@ def test_leases_past_the_caps_are_429_and_status_counts_them(daemon: Any) -> Non
     assert code == 200, body
     code, _, body = request(d.url, "POST", f"/v1/jobs/greedy/epochs/0?run={RUN}&timeout=30", headers=d.headers)
     assert code == 200, body
-    epoch = json.loads(body)["epoch"]
+    epoch = json.loads(body)["daemon_epoch"]
     job = {"job": "greedy", "run": RUN, "job_epoch": 0}
     for _ in range(2):
         assert request(d.url, "POST", f"/v1/epochs/{epoch}/leases", job, headers=d.headers)[0] == 201

@@ -102,6 +102,7 @@ class FakeWriter:
         self.make_rooms: list[Callable[[int], EvictionPlan] | None] = []
         self.files_put: list[dict[str, FileInfo]] = []
         self.metas: list[dict[str, Any]] = []
+        self.keys: set[str] = set()  # the keys of the shards in, as the real writer skips a part it has
         self._next_id = 1
 
     def ingest(self, staged_path: Path, cursor: Callable[[int, int], dict[str, Any]] | None = None,
@@ -114,6 +115,10 @@ class FakeWriter:
             fut.set_exception(outcome)
             return fut
         task, nbytes = self.staged[str(staged_path)]
+        if Path(staged_path).stem in self.keys:
+            fut.set_result(Ingested(None, ()))
+            return fut
+        self.keys.add(Path(staged_path).stem)
         self.catalog.add_shard(task.path, task.row_group, nbytes)
         shard = Shard(id=self._next_id, key=Path(staged_path).stem, path=task.path, row_group=task.row_group,
                       unit=task.unit, cycle=task.cycle, rows=10, bytes=nbytes, rows_per_block=10, blocks=1,
@@ -697,6 +702,70 @@ def test_result_in_several_parts_is_one_shard_each_and_one_unit_done_with_its_la
     assert rig.catalog.resident_bytes == 210 and len(rig.writer.ingested) == 4
     cov = rig.sched.coverage()
     assert cov is not None and cov["units_sampled"] == 1
+
+
+@pytest.mark.parametrize("failed", [0, 1, 2])
+def test_a_part_that_fails_to_ingest_has_its_unit_sampled_again_until_every_part_is_in(tmp_path: Path,
+                                                                                      failed: int) -> None:
+    rig = Rig(tmp_path, table(files=1, groups=1), samplers=1)
+    rig.turn()
+    t = rig.take()
+    rig.writer.outcomes = [RuntimeError("lmdb said no") if k == failed else None for k in range(3)]
+    rig.answer(rig.ok(t, nbytes=70, parts=3))
+    rig.turn()
+    assert rig.catalog.resident_bytes == 140  # two parts in, one failed
+    assert rig.sched.unit_failures["ingest"] == 1
+    cov = rig.sched.coverage()
+    assert cov is not None and cov["units_sampled"] == 0, "a unit with a part missing is not done"
+    assert not rig.sched.complete
+    rig.clock.advance(rig.settings.retry_seconds * JITTER[1])
+    rig.turn()
+    again = rig.take()
+    assert again.key == t.key, "the unit is sampled again, though parts of it are resident"
+    rig.answer(rig.ok(again, nbytes=70, parts=3))
+    rig.turn(2)
+    assert rig.catalog.resident_bytes == 210  # the missing part; the two resident ones skipped by their keys
+    cov = rig.sched.coverage()
+    assert cov is not None and cov["units_sampled"] == 1
+
+
+def test_failed_ingests_are_counted_and_given_up_after_max_attempts(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, table(files=1, groups=1))
+    rig.turn()
+    for attempt in range(1, MAX_UNIT_ATTEMPTS + 1):
+        rig.writer.outcomes = [RuntimeError("lmdb said no")]
+        rig.sample_ok()
+        rig.turn()
+        assert rig.sched.unit_failures["ingest"] == attempt
+        rig.clock.advance(MAX_UNIT_BACKOFF * JITTER[1])
+        rig.turn()
+    assert rig.sched.units_given_up == 1
+    cov = rig.sched.coverage()
+    assert cov is not None and cov["units_left_out"] == 1
+
+
+def test_unreachable_between_corrupt_reads_breaks_the_run(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, table(files=1, groups=1))
+    rig.turn()
+    for kind in ("corrupt", "unreachable", "corrupt"):
+        rig.fail(kind)
+        rig.turn()
+        rig.clock.advance(MAX_UNIT_BACKOFF * JITTER[1])
+        rig.turn()
+    assert rig.writer.files_put == [], "corrupt, unreachable, corrupt is not two unparsable reads in a row"
+
+
+def test_the_confirming_read_waits_about_a_second_after_earlier_transient_failures(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, table(files=1, groups=1))
+    rig.turn()
+    for _ in range(4):
+        rig.fail("transient")
+        rig.turn()
+        rig.clock.advance(MAX_UNIT_BACKOFF * JITTER[1])
+        rig.turn()
+    rig.fail("corrupt")
+    rig.turn()
+    wait_and_resubmit(rig, 1.0)
 
 
 def test_empty_unit_is_done_without_a_shard(tmp_path: Path) -> None:

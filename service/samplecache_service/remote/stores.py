@@ -263,6 +263,8 @@ class ErrorKind(str, Enum):
     DISK = "disk"
     # replaced since it was listed: listed again at once, the unit retried as transient
     CHANGED = "changed"
+    # sampled, but its staged shard could not be ingested (a damaged staging file, an LMDB error): sampled again
+    INGEST = "ingest"
 
     def __str__(self) -> str:
         return self.value

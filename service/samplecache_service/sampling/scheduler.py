@@ -85,6 +85,10 @@ class Scheduler:
         self._unread: tuple[tuple[int, int], list[str], int] = ((-1, -1), [], 0)
         self._attempts: dict[tuple[str, int], int] = collections.defaultdict(int)  # failures in a row per unit
         self._corrupt: dict[tuple[str, int], int] = collections.defaultdict(int)  # unparsable reads in a row per unit
+        # units with a part that failed to ingest, while others are resident: sampled again (resident parts are
+        # skipped by their keys) until every part is in; never "resident" to _settled meanwhile
+        self._incomplete: set[tuple[str, int]] = set()
+        self._part_failed: set[str] = set()  # task keys of this round whose part failed: not done with the last
         self._deferred: Backoff[Pick | Slot] = Backoff(self.clock)  # units waiting out their backoff
         self._backoff_until = self._held_retry_at = self._next_discovery = 0.0
         self._retrying = 0  # held results re-submitted and not answered yet
@@ -203,7 +207,7 @@ class Scheduler:
                 return self.disk_full
             # try again; "disk space is back" is said once a shard is written, not at every retry
             self.disk_full = None
-            log.debug("retrying after a full disk (%d bytes free for shards)", free)
+            log.debug("retrying after a full disk (%d bytes free for shards)", free, extra={"event": "disk_full"})
         if self._held or self._retrying:
             pinned = sorted(self.pinned_epochs())
             waiting = len(self._held) + self._retrying
@@ -233,7 +237,10 @@ class Scheduler:
     def _settled(self, unit: Unit) -> bool:
         """Nothing to sample for ``unit``: resident from an earlier pass, its file quarantined or re-planned."""
         info = self.catalog.file(unit.path)
-        return self.catalog.unit_resident(unit.path, unit.row_group) or info.quarantined or not unit_current(unit, info)
+        if info.quarantined or not unit_current(unit, info):
+            return True
+        return self.catalog.unit_resident(unit.path, unit.row_group) and (unit.path, unit.row_group) not in \
+            self._incomplete
 
     def _fill(self) -> None:
         assert self.planner is not None
@@ -327,9 +334,11 @@ class Scheduler:
         self.traffic.returned(r)
         t = r.task
         if r.ok:
-            self._attempts.pop((t.path, t.row_group), None)
+            if (t.path, t.row_group) not in self._incomplete:  # else its failed ingests still count
+                self._attempts.pop((t.path, t.row_group), None)
             self._corrupt.pop((t.path, t.row_group), None)
             self.given_up.discard((t.path, t.row_group))
+            self._part_failed.discard(t.key)  # a new round of its parts
             parts = r.parts or ([(r.staged, r.bytes)] if r.staged else [])
             for k, (staged, size) in enumerate(parts):
                 self._ingest(dataclasses.replace(r, staged=staged, bytes=size, parts=[],
@@ -348,6 +357,10 @@ class Scheduler:
             self.quarantine(t.path, r.error or "does not fit the dataset's schema", kind=ErrorKind.SCHEMA)
             self._finish(pick)
             return
+        unit_key = (t.path, t.row_group)
+        if kind in (ErrorKind.DISK, ErrorKind.UNREACHABLE):
+            # not a read of the file's bytes: it breaks a run of unparsable reads (CORRUPT_CONFIRMATIONS in a row)
+            self._corrupt.pop(unit_key, None)
         if kind == ErrorKind.DISK:
             self._disk_full(r.error or "no space left", "while staging a shard")
             self.planner.retry(pick)
@@ -360,7 +373,6 @@ class Scheduler:
         # replaced since it was listed: list it again now; the unit is retried as transient
         if kind == ErrorKind.CHANGED:
             self.discover_soon()
-        unit_key = (t.path, t.row_group)
         self._attempts[unit_key] += 1
         if kind == ErrorKind.CORRUPT:
             self._corrupt[unit_key] += 1
@@ -370,7 +382,8 @@ class Scheduler:
                 self.quarantine(t.path, r.error or "unparsable", kind=ErrorKind.CORRUPT)
                 self._finish(pick)
                 return
-            delay = self._defer(pick, unit_key, first=1.0)  # confirm with a fresh read soon
+            # confirm with a fresh read soon: the wait counts the unparsable reads, not earlier transient failures
+            delay = self._deferred.defer(pick, self._corrupt[unit_key], 1.0)
             log.warning("sampling failed (unparsable bytes; read again in %.1fs to confirm): %s", delay,
                         self.last_error, extra=failed)
             return
@@ -413,18 +426,31 @@ class Scheduler:
             self._disk_full(f"{type(exc).__name__}: {exc}", "while ingesting")
             self._held.append(r)  # the shard waits for room
             return
+        unit_key = (r.task.path, r.task.row_group)
         if exc is not None:
             self.last_error = f"ingest failed: {type(exc).__name__}: {exc}"
             log.error("%s", self.last_error, extra={"event": "ingest_failed", "path": r.task.path,
-                                                    "unit": r.task.row_group})
+                                                    "unit": r.task.row_group, "error_class": ErrorKind.INGEST})
             if r.staged:  # the unit is sampled again
                 drop_failed(Path(r.staged), damaged=isinstance(exc, DamagedShard))
-            unit_key = (r.task.path, r.task.row_group)
+            self.unit_failures[ErrorKind.INGEST] += 1
+            self._incomplete.add(unit_key)
+            if r.task.key in self._part_failed:
+                return  # another part of this round failed before: the unit is retried once
+            self._part_failed.add(r.task.key)
             self._attempts[unit_key] += 1
-            self._defer(Slot(r.task.cycle, r.task.unit), unit_key)
+            if self._attempts[unit_key] >= MAX_UNIT_ATTEMPTS:
+                self._give_up(Slot(r.task.cycle, r.task.unit), unit_key, ErrorKind.INGEST)
+            else:
+                self._defer(Slot(r.task.cycle, r.task.unit), unit_key)
             return
         if r.final:
-            self.planner.done(r.task.cycle, r.task.unit)
+            if r.task.key in self._part_failed:
+                self._part_failed.discard(r.task.key)  # an earlier part failed: its retry samples the unit again
+            else:
+                self._incomplete.discard(unit_key)
+                self._attempts.pop(unit_key, None)
+                self.planner.done(r.task.cycle, r.task.unit)
         self._space_back()
         done = fut.result()
         self.evicted_shards += len(done.evicted)
@@ -443,7 +469,7 @@ class Scheduler:
             self._full_since = self.clock()
             log.error("%s", self.disk_full, extra={"event": "disk_full"})
         else:  # the retries of one full disk: status shows it; the log said it once
-            log.debug("%s", self.disk_full)
+            log.debug("%s", self.disk_full, extra={"event": "disk_full"})
 
     def _space_back(self) -> None:
         """A shard was written: a full disk, if there was one, has room again."""
