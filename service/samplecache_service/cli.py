@@ -229,7 +229,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from samplecache_service.config.file import ConfigError, exposed_secrets, shown
+    from samplecache_service.config.file import ConfigError, exposed_secrets, option_sources, shown
     from samplecache_service.config.mapsize import map_problem
 
     try:
@@ -247,18 +247,26 @@ def cmd_config(args: argparse.Namespace) -> int:
     warnings = exposed_secrets(loaded)
     for warning in warnings:
         print(f"samplecache config: warning: {warning}", file=sys.stderr)
+    options = option_sources(loaded)
     if args.json:
+        settings = {n: {"value": v, "source": loaded.sources[n]} for n, v in values.items()}
+        settings["storage_options"]["sources"] = options  # each option's own line
         print(json.dumps({"config_file": str(loaded.config.path) if loaded.config.path else None,
-                          "settings": {n: {"value": v, "source": loaded.sources[n]} for n, v in values.items()},
-                          "warnings": warnings}, indent=2))
+                          "settings": settings, "warnings": warnings}, indent=2))
         return 0
     print(f"# config file: {loaded.config.path or 'none'}")
     for warning in warnings:
         print(f"# warning: {warning}")
-    w = max(len(n) for n in values)
-    vw = min(48, max(len(json.dumps(v)) for v in values.values()))
+    rows = []
     for n, v in values.items():
-        print(f"{n.ljust(w)}  {json.dumps(v).ljust(vw)}  {loaded.sources[n]}")
+        if n == "storage_options" and options:  # one row per option, each with its own source line
+            rows += [(f"{n}.{k}", v[k], src) for k, src in options.items()]
+        else:
+            rows.append((n, v, loaded.sources[n]))
+    w = max(len(n) for n, _, _ in rows)
+    vw = min(48, max(len(json.dumps(v)) for _, v, _ in rows))
+    for n, v, src in rows:
+        print(f"{n.ljust(w)}  {json.dumps(v).ljust(vw)}  {src}")
     return 0
 
 

@@ -107,7 +107,7 @@ def test_config_command_prints_every_setting_its_source_and_masks_secrets(tmp_pa
     for secret in ("hunter2", "sekrit-token", "AKIAXYZ", "s3cr3t"):
         assert secret not in r.stdout
     rows = {line.split()[0]: line for line in r.stdout.splitlines() if not line.startswith("#")}
-    assert set(rows) == set(FIELDS)
+    assert set(rows) == set(FIELDS) - {"storage_options"} | {"storage_options.key", "storage_options.secret"}
     assert rows["port"].rstrip().endswith("flag --port") and "9000" in rows["port"]
     assert rows["seed"].rstrip().endswith("env SAMPLECACHE_SEED")
     assert rows["token"].rstrip().endswith(f"config {f}:2") and "<set>" in rows["token"]
@@ -116,8 +116,36 @@ def test_config_command_prints_every_setting_its_source_and_masks_secrets(tmp_pa
     doc = json.loads(j.stdout)
     assert doc["config_file"] == str(f) and set(doc["settings"]) == set(FIELDS)
     assert doc["settings"]["storage_options"] == {"value": {"key": "<hidden>", "secret": "<hidden>"},
-                                                  "source": f"config {f}:3"}
+                                                  "source": f"config {f}:3",
+                                                  "sources": {"key": f"config {f}:4", "secret": f"config {f}:5"}}
     assert "hunter2" not in j.stdout
+
+
+def test_config_command_shows_the_endpoint_and_each_storage_option_at_its_own_line(tmp_path: Path) -> None:
+    """endpoint_url is no secret: shown (a password in it masked); keys and unknown options stay hidden; each
+    option's source is its own line, not the table's header."""
+    f = tmp_path / "c.toml"
+    f.write_text('source = "s3://b/p/"\n\n[storage_options]\nendpoint_url = "http://u:pw@127.0.0.1:8333"\n'
+                 'key = "AKIAXYZ"\nmystery = "m1"\nclient_kwargs = { region_name = "eu", verify = false }\n'
+                 'config_kwargs.s3.addressing_style = "path"\n')
+    r = _cli(["config", "--config", str(f)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "AKIAXYZ" not in r.stdout and "m1" not in r.stdout and "pw@" not in r.stdout
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in r.stdout.splitlines() if not line.startswith("#")}
+    assert rows["storage_options.endpoint_url"].split() == ['"http://***@127.0.0.1:8333"', "config", f"{f}:4"]
+    assert rows["storage_options.key"].split() == ['"<hidden>"', "config", f"{f}:5"]
+    assert rows["storage_options.mystery"].split() == ['"<hidden>"', "config", f"{f}:6"]
+    assert rows["storage_options.client_kwargs"].rstrip().endswith(f"config {f}:7")
+    assert '"region_name": "eu"' in rows["storage_options.client_kwargs"]
+    assert rows["storage_options.config_kwargs"].rstrip().endswith(f"config {f}:8")
+    assert '"addressing_style": "path"' in rows["storage_options.config_kwargs"]
+    doc = json.loads(_cli(["config", "--config", str(f), "--json"], tmp_path).stdout)["settings"]
+    assert doc["storage_options"]["value"]["endpoint_url"] == "http://***@127.0.0.1:8333"
+    assert doc["storage_options"]["source"] == f"config {f}:3"  # the table as a whole
+    assert doc["storage_options"]["sources"]["key"] == f"config {f}:5"
+    env = _cli(["config"], tmp_path, env={"SAMPLECACHE_STORAGE_OPTIONS": '{"endpoint_url": "http://h:1", "key": "k"}'})
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in env.stdout.splitlines() if not line.startswith("#")}
+    assert rows["storage_options.endpoint_url"].split() == ['"http://h:1"', "env", "SAMPLECACHE_STORAGE_OPTIONS"]
 
 
 def test_config_warns_when_a_secret_is_a_flag_every_local_user_can_read(tmp_path: Path) -> None:

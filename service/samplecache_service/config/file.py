@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from samplecache_service.config.redact import redact
+from samplecache_service.config.redact import masked_options, redact
 from samplecache_service.config.settings import Settings
 
 if sys.version_info >= (3, 11):
@@ -80,19 +80,30 @@ def config_path(given: str | Path | None, environ: Mapping[str, str]) -> Path | 
         return DEFAULT_CONFIG
 
 
+_NAME = r"(?:[A-Za-z0-9_\-]+|\"[^\"]*\")"
+
+
+def _dotted(raw: str) -> str:
+    return ".".join(part.strip().strip('"') for part in raw.split("."))
+
+
 def _key_lines(text: str) -> dict[str, int]:
-    """Line of each top-level key (``key = ...`` before the first table, or a ``[key]`` table header)."""
+    """Line of each top-level key (``key = ...`` before the first table, or a ``[key]`` table header), and of each
+    key in a table or a dotted key, as ``table.key`` (``storage_options.endpoint_url``)."""
     lines: dict[str, int] = {}
-    in_table = False
+    table = ""
     for n, line in enumerate(text.splitlines(), 1):
-        header = re.match(r"\s*\[\s*([A-Za-z0-9_\-]+)\s*\]", line)
+        header = re.match(rf"\s*\[\s*({_NAME}(?:\s*\.\s*{_NAME})*)\s*\]", line)
+        key = None if header else re.match(rf"\s*({_NAME}(?:\s*\.\s*{_NAME})*)\s*=", line)
         if header:
-            in_table = True
-            lines.setdefault(header.group(1), n)
+            table = name = _dotted(header.group(1))
+        elif key:
+            name = (table + "." if table else "") + _dotted(key.group(1))
+        else:
             continue
-        key = re.match(r"\s*([A-Za-z0-9_\-]+|\"[^\"]*\")\s*=", line)
-        if key and not in_table:
-            lines.setdefault(key.group(1).strip('"'), n)
+        parts = name.split(".")
+        for i in range(len(parts)):  # a.b.c names a, a.b and a.b.c: each at its first line
+            lines.setdefault(".".join(parts[:i + 1]), n)
     return lines
 
 
@@ -183,12 +194,22 @@ def exposed_secrets(loaded: Loaded) -> list[str]:
 
 
 def shown(settings: Settings) -> dict[str, Any]:
-    """Settings for people: secrets masked (the token, storage option values, credentials in the source)."""
+    """Settings for people: secrets masked (the token, secret storage options, credentials in the source)."""
     d = settings.model_dump(mode="json")
     d["token"] = "<set>" if settings.token else None
-    d["storage_options"] = {k: "<hidden>" for k in settings.storage_options}
+    d["storage_options"] = masked_options(settings.storage_options)
     if settings.source:
-        from samplecache_service.config.redact import redact
-
         d["source"] = redact(settings.source)
     return d
+
+
+def option_sources(loaded: Loaded) -> dict[str, str]:
+    """Where each storage option came from: its own line of the config file (not the table's header), else where
+    storage_options as a whole came from."""
+    whole = loaded.sources["storage_options"]
+    cfg = loaded.config
+    out = {}
+    for key in loaded.settings.storage_options:
+        line = cfg.lines.get(f"storage_options.{key}")
+        out[key] = f"config {cfg.path}:{line}" if whole.startswith("config") and line else whole
+    return out
