@@ -6,7 +6,6 @@ import hashlib
 import logging
 import re
 from typing import Any, Mapping
-from typing import Any, Mapping
 
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/@\s'\"]+)@")
 # the same URL percent-encoded, as a request path holds it (uvicorn's access log writes paths so)
@@ -29,28 +28,6 @@ def shown_id(text: str) -> str:
     """A short stable id of ``text`` (a remote path) that tells nothing of its credentials: a hash of its masked
     form, so a file whose URL holds a password can be named in a request (``DELETE /v1/quarantine/{id}``)."""
     return hashlib.sha256(redact(text).encode()).hexdigest()[:16]
-
-
-# storage option keys whose values are never secrets (shown by `samplecache config`); every other key is hidden
-SHOWN_OPTIONS = frozenset({"endpoint_url", "region_name", "region", "anon", "use_ssl", "verify", "requester_pays",
-                           "addressing_style", "signature_version", "project", "account_name", "default_block_size",
-                           "version_aware", "use_listings_cache", "listings_expiry_time", "skip_instance_cache"})
-OPTION_GROUPS = frozenset({"client_kwargs", "config_kwargs", "s3"})  # nested dicts of options: each key judged
-HIDDEN = "<hidden>"
-
-
-def masked_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """fsspec storage options for people: known non-secret values shown (with any URL's credentials masked),
-    every other value ``<hidden>``, so an endpoint is visible and an unknown key never leaks."""
-    out: dict[str, Any] = {}
-    for key, value in options.items():
-        if key in OPTION_GROUPS and isinstance(value, Mapping):
-            out[key] = masked_options(value)
-        elif key in SHOWN_OPTIONS and not isinstance(value, (Mapping, list)):
-            out[key] = redact(value) if isinstance(value, str) else value
-        else:
-            out[key] = HIDDEN
-    return out
 
 
 # storage option keys whose values are never secrets (shown by `samplecache config`); every other key is hidden
