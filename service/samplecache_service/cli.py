@@ -86,7 +86,7 @@ def _server(config: Any, on_hup: Any) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from samplecache_service.config.file import ConfigError, exposed_secrets
+    from samplecache_service.config.file import ConfigError, exposed_secrets, table_traps
     from samplecache_service.config.redact import redact
     from samplecache_service.daemon import Daemon
     from samplecache_service.http.app import create_app
@@ -109,6 +109,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format)  # uvicorn's records too (log_config=None below)
     for warning in exposed_secrets(loaded):
         logging.getLogger("samplecache.cli").warning("%s", warning, extra={"event": "secret_exposed"})
+    for warning in table_traps(loaded.config):
+        logging.getLogger("samplecache.cli").warning("%s", warning, extra={"event": "config_key_in_table"})
     try:
         daemon = Daemon(settings, reset=bool(getattr(args, "reset_cache_once", False)))
         daemon.check_remote()
@@ -229,7 +231,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from samplecache_service.config.file import ConfigError, exposed_secrets, option_sources, shown
+    from samplecache_service.config.file import ConfigError, exposed_secrets, option_sources, shown, table_traps
     from samplecache_service.config.mapsize import map_problem
 
     try:
@@ -244,7 +246,7 @@ def cmd_config(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     values = shown(loaded.settings)
-    warnings = exposed_secrets(loaded)
+    warnings = exposed_secrets(loaded) + table_traps(loaded.config)
     for warning in warnings:
         print(f"samplecache config: warning: {warning}", file=sys.stderr)
     options = option_sources(loaded)

@@ -121,6 +121,31 @@ def test_config_command_prints_every_setting_its_source_and_masks_secrets(tmp_pa
     assert "hunter2" not in j.stdout
 
 
+def test_a_setting_below_the_storage_options_table_is_warned_about(tmp_path: Path) -> None:
+    """TOML's trap: the README's example ends with its table, and a setting appended to it lands in the table.
+    The example keeps its table last; `samplecache config` (and serve, a reload) warn, naming the line."""
+    example = re.search(r"```toml\n(.*?)```", README.read_text(), re.S)
+    assert example is not None
+    text = example.group(1)
+    parsed = tomllib.loads(text)
+    head = tomllib.loads(text[:text.index("\n[")])  # what comes before the first table's header
+    assert set(parsed) <= set(FIELDS) and "storage_options" in parsed
+    assert set(head) == {k for k, v in parsed.items() if not isinstance(v, dict)}, "the table must come last"
+    f = tmp_path / "c.toml"
+    f.write_text(text + "seed = 7\n")
+    line = len(text.splitlines()) + 1
+    got = load({}, f)
+    assert got.settings.seed == 0 and got.settings.storage_options["seed"] == 7  # the trap itself
+    assert config_mod.table_traps(got.config) == [
+        f"{f}:{line}: 'seed' is a key of the [storage_options] table (every key below a [table] header belongs to "
+        f"it), not the samplecache setting 'seed': to set it, move it above the first [table] of the file"]
+    r = _cli(["config", "--config", str(f)], tmp_path)
+    assert r.returncode == 0 and f"warning: {f}:{line}: 'seed' is a key of the [storage_options]" in r.stderr
+    assert f"# warning: {f}:{line}: 'seed'" in r.stdout
+    f.write_text(text)
+    assert config_mod.table_traps(load({}, f).config) == []
+
+
 def test_config_command_shows_the_endpoint_and_each_storage_option_at_its_own_line(tmp_path: Path) -> None:
     """endpoint_url is no secret: shown (a password in it masked); keys and unknown options stay hidden; each
     option's source is its own line, not the table's header."""

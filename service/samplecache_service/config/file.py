@@ -193,6 +193,17 @@ def exposed_secrets(loaded: Loaded) -> list[str]:
     return out
 
 
+def table_traps(config: ConfigFile) -> list[str]:
+    """Warnings for TOML's trap: every key below a ``[table]`` header belongs to that table, so a setting appended
+    after ``[storage_options]`` becomes a storage option without complaint. One per key there named as a setting."""
+    options = config.values.get("storage_options")
+    if not isinstance(options, dict):
+        return []
+    return [f"{config.where(f'storage_options.{key}')}: {key!r} is a key of the [storage_options] table (every key "
+            f"below a [table] header belongs to it), not the samplecache setting {key!r}: to set it, move it above "
+            f"the first [table] of the file" for key in options if key in Settings.model_fields]
+
+
 def shown(settings: Settings) -> dict[str, Any]:
     """Settings for people: secrets masked (the token, secret storage options, credentials in the source)."""
     d = settings.model_dump(mode="json")

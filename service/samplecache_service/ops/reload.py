@@ -15,7 +15,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-from samplecache_service.config.file import ConfigError, Loaded, load
+from samplecache_service.config.file import ConfigError, Loaded, load, table_traps
 from samplecache_service.config.settings import Settings
 from samplecache_service.errors import Conflict, Invalid
 
@@ -98,6 +98,8 @@ class Reloader:
                 log.error("reload failed, still running on the settings in use: %s", e,
                           extra={"event": "config_reload_failed"})
                 return {"applied": {}, "needs_restart": [], "error": str(e)}
+            for warning in table_traps(loaded.config):
+                log.warning("%s", warning, extra={"event": "config_key_in_table"})
             runtime, restart = changes(self.current, loaded.settings, self.daemon.runtime_config())
             error = self._apply(runtime)
             applied = {} if error else runtime
