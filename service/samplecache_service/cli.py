@@ -83,13 +83,23 @@ def _server(config: Any, on_hup: Any) -> Any:
     return Server(config)
 
 
+def _startup_failed(settings: Any, message: str) -> None:
+    """serve's one line on why it cannot start: on stderr, or as a JSON log line with ``--log-format json``."""
+    from samplecache_service.config.redact import redact
+
+    if settings.log_format == "json":  # every line of the log one JSON object, this one too
+        logging.getLogger("samplecache.cli").error("samplecache serve: %s", message, extra={"event": "startup_failed"})
+    else:
+        print(f"samplecache serve: {redact(message)}", file=sys.stderr)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from samplecache_service.config.file import ConfigError, exposed_secrets, table_traps
-    from samplecache_service.config.redact import redact
     from samplecache_service.daemon import Daemon
     from samplecache_service.http.app import create_app
+    from samplecache_service.http.listen import PORT_IN_USE, listen_problem
     from samplecache_service.ops.logs import configure_logging, set_level
     from samplecache_service.ops.reload import Reloader
     from samplecache_service.remote.stores import RemoteError
@@ -111,15 +121,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("samplecache.cli").warning("%s", warning, extra={"event": "secret_exposed"})
     for warning in table_traps(loaded.config):
         logging.getLogger("samplecache.cli").warning("%s", warning, extra={"event": "config_key_in_table"})
+    # before the cache is opened and the source listed: a port in use is said at once, in one line
+    busy = listen_problem(settings.host, settings.port)
+    if busy:
+        _startup_failed(settings, busy)
+        signal.signal(signal.SIGHUP, previous)
+        return PORT_IN_USE
     try:
         daemon = Daemon(settings, reset=bool(getattr(args, "reset_cache_once", False)))
         daemon.check_remote()
         app = create_app(settings, daemon)  # resolves the API token (a bad token file stops here, in one line)
     except (StartupError, RemoteError) as e:
-        if settings.log_format == "json":  # every line of the log one JSON object, this one too
-            logging.getLogger("samplecache.cli").error("samplecache serve: %s", e, extra={"event": "startup_failed"})
-        else:
-            print(f"samplecache serve: {redact(str(e))}", file=sys.stderr)
+        _startup_failed(settings, str(e))
         if "daemon" in locals():
             daemon.stop()
         signal.signal(signal.SIGHUP, previous)
@@ -135,6 +148,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             log_config=None, timeout_graceful_shutdown=5, access_log=settings.log_level == "debug")
     try:
         _server(config, reloader.request).run()
+    except SystemExit as e:  # uvicorn could not start (say, the port was taken meanwhile): it logged why, exits 3
+        if e.code != PORT_IN_USE:
+            raise
+        _startup_failed(settings, f"the HTTP server on {settings.host}:{settings.port} could not start (the line "
+                                  f"above says why)")
+        return PORT_IN_USE
     finally:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no reload while the daemon stops
         daemon.stop()
