@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import tomllib
@@ -57,7 +58,8 @@ def test_env_example_syntax_is_portable() -> None:
         assert not line.startswith("export "), line
 
 
-def test_env_example_documents_every_setting_with_valid_values(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_example_documents_every_setting_with_valid_values(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
     from samplecache_service.config.settings import Settings
 
     fields = {f"SAMPLECACHE_{name.upper()}" for name in Settings.model_fields}
@@ -71,6 +73,10 @@ def test_env_example_documents_every_setting_with_valid_values(monkeypatch: pyte
     for _, name, value in env_example():
         if name.startswith("SAMPLECACHE_"):
             monkeypatch.setenv(name, value)
+    # the options file is read at start: the example's path, which this host lacks, holds a JSON object there
+    options = tmp_path / "storage-options.json"
+    options.write_text("{}")
+    monkeypatch.setenv("SAMPLECACHE_STORAGE_OPTIONS_FILE", str(options))
     s = Settings()
     assert s.port == int(PORT) and str(s.cache_dir) == CACHE_DIR and s.host == "127.0.0.1"
 
