@@ -187,6 +187,7 @@ def test_an_idle_worker_killed_from_outside_is_replaced_without_a_result(pools: 
         time.sleep(0.02)
     assert sup.restarts == 1
     assert results.items == []  # it had no task: nothing to report
+    assert sup.start_failures == 0  # killed from outside (even before it was ready) is not a failure to start
     sup.submit(make_task("x"))
     r = results.wait(1)[0]
     assert r.ok and r.extra["pid"] != old

@@ -27,6 +27,9 @@ from samplecache_service.sampling.sampler import SampleResult, SampleTask, run_t
 log = logging.getLogger("samplecache.supervisor")
 
 READY = "ready"  # a worker's first message: its target (and so pyarrow) imported, it takes tasks
+# deaths by these signals come from outside (an operator, the OOM killer, a test): a sampler killed before it was
+# ready is replaced at once, as any killed one; a start failure is an exit (an ImportError exits 1) or a crash
+KILLED = (-signal.SIGKILL, -signal.SIGTERM)
 
 
 def _die_with_parent() -> None:
@@ -235,7 +238,7 @@ class Supervisor:
             task, dead.task = dead.task, None
             self._workers.remove(dead)
             self.restarts += 1
-        if not dead.ready:  # it never took a task: nothing to report but the failure to start
+        if not dead.ready and code not in KILLED:  # it never took a task: nothing to report but the failure
             self._start_failed(f"a sampler process exited with code {code} before it was ready (its traceback is "
                                "on the daemon's stderr)")
             return
