@@ -2,10 +2,11 @@
 
 ``DaliSource`` is a batch-mode ``fn.external_source`` callable over the core's columnar batches
 (``Reader.batches``): one output per column, fixed-shape columns as numpy arrays ``[n, *shape]``, encoded images
-(Hugging Face ``Image()`` cells), binary and string cells as 1-D uint8 arrays (what ``fn.decoders.image``
-takes), numeric list cells as arrays of their own shape. Each DALI shard (``shard_id`` of ``num_shards``) reads
-its own part of the epoch, and the source raises ``StopIteration`` at the epoch's end, so ``pipe.run()`` raises
-it too and ``pipe.reset()`` starts the next epoch: every sample once per epoch across the shards.
+(Hugging Face ``Image()`` cells), binary and string cells (a uuid's 16 bytes) as 1-D uint8 arrays (what
+``fn.decoders.image`` takes), numeric list cells as arrays of their own shape. Each DALI shard (``shard_id`` of
+``num_shards``) reads its own part of the epoch, and the source raises ``StopIteration`` at the epoch's end, so
+``pipe.run()`` raises it too and ``pipe.reset()`` starts the next epoch: every sample once per epoch across the
+shards.
 
 ``external_source(source)`` (inside a ``pipeline_def``) makes the ``fn.external_source`` node with the right
 outputs, dtypes and dimensions and returns them by column name. README, "NVIDIA DALI".
@@ -13,6 +14,7 @@ outputs, dtypes and dimensions and returns them by column name. README, "NVIDIA 
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -44,7 +46,8 @@ class UnsupportedColumn(TypeError):
 
 
 def _bytes_array(value: Any) -> np.ndarray:
-    return np.frombuffer(value, dtype=np.uint8)
+    # a uuid column's cells are uuid.UUID: DALI takes their 16 bytes
+    return np.frombuffer(value.bytes if isinstance(value, uuid.UUID) else value, dtype=np.uint8)
 
 
 def _cells(name: str, convert: Callable[[Any], np.ndarray]) -> Feed:

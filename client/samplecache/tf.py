@@ -11,7 +11,7 @@ dimension: ``batch_size`` with ``drop_last``, else ``None``):
 
 * fixed shape (numbers, bool): ``TensorSpec([B, *shape], dtype)``; timestamps and durations as int64 counts of
   their unit;
-* ``string`` and ``binary``: ``TensorSpec([B], tf.string)`` (UTF-8 bytes for strings);
+* ``string`` and ``binary``: ``TensorSpec([B], tf.string)`` (UTF-8 bytes for strings, a uuid's 16 bytes);
 * variable shape (``list`` columns, shape with -1): ``RaggedTensorSpec([B, *dims], dtype)``, ragged up to the
   last variable dimension (the dimensions before it are ragged too; the ones after it stay fixed);
 * ``nested`` (structs, maps, decimals, lists of strings): no tensor form. ``columns=None`` leaves them out
@@ -33,6 +33,7 @@ Resume: ``Feed.state(batches)`` after ``batches`` batches of the current epoch, 
 from __future__ import annotations
 
 import threading
+import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -182,7 +183,9 @@ def _convert(cols: list[_Col], batch: dict[str, Any]) -> dict[str, Any]:
             valid = np.fromiter((x is not None for x in v), bool, len(v))
             if not col.masked and not valid.all():
                 raise _null_error(name)
-            out[name] = np.array([b"" if x is None else x for x in v], dtype=object)
+            # a uuid column's cells are uuid.UUID: tf.string takes their 16 bytes
+            out[name] = np.array([b"" if x is None else x.bytes if isinstance(x, uuid.UUID) else x for x in v],
+                                 dtype=object)
             if col.masked:
                 out[valid_name] = valid
         else:

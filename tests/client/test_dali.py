@@ -248,6 +248,11 @@ def test_column_feeds() -> None:
     assert feed is not None and [a.tolist() for a in feed([b"\x01\x02", b""])] == [[1, 2], []]
     with pytest.raises(ValueError, match="'b' is null"):
         feed([b"x", None])
+    # a uuid column's cells are uuid.UUID: DALI gets their 16 bytes
+    feed = column_feed({"name": "u", "kind": "binary", "dtype": None, "shape": [], "nullable": False,
+                        "type": {"t": "binary", "ext": "uuid"}, "arrow": "extension<arrow.uuid>"})[0][3]
+    one = uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")
+    assert feed is not None and [a.tobytes() for a in feed([one])] == [one.bytes]
     ragged = {"t": "list", "child": {"t": "list", "child": {"t": "prim", "dtype": "<i4"}}}
     name, _, ndim, feed = column_feed({"name": "r", "kind": "list", "dtype": "<i4", "shape": [-1, -1],
                                        "type": ragged})[0]

@@ -108,6 +108,18 @@ def test_element_spec_of_every_kind() -> None:
     assert sctf.element_spec(schema, 8)["x"] == tf.TensorSpec([8, 4, 3], tf.float16)
 
 
+def test_a_uuid_column_is_a_string_tensor_of_its_16_bytes() -> None:
+    """The core serves a uuid column's cells as uuid.UUID; tf.string takes their bytes (issue 22, item 6)."""
+    import uuid
+
+    schema = {"columns": [{"name": "u", "kind": "binary", "dtype": None, "shape": [], "nullable": True,
+                           "type": {"t": "binary", "ext": "uuid"}, "arrow": "extension<arrow.uuid>"}]}
+    forms, _ = sctf._plan_columns(schema, False, True)
+    one = uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")
+    out = sctf._convert(forms, {"u": [one, None]})
+    assert tf.constant(out["u"]).numpy().tolist() == [one.bytes, b""] and out["u__valid"].tolist() == [True, False]
+
+
 def test_buffers_are_aligned_and_reused_only_when_nothing_holds_them() -> None:
     pool, shape, f4 = sctf.Buffers(), (64, 1024), np.dtype("<f4")
     assert pool.alloc("x", (10,), f4) is None  # small: numpy's allocator

@@ -10,15 +10,18 @@ compared with pyarrow's value of the same cell (``arrow_compare``: exact, in the
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import io
 import json
 import math
 import random
+import uuid
 import wave
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable
 
+import damage_data as dd
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,6 +29,7 @@ import pytest
 from arrow_compare import assert_cells_equal, expected_cells
 
 from samplecache.format.record import Column, Schema, decode_rows
+from samplecache.reading.reader import CacheReader
 from samplecache_service.remote.columns import infer_schema
 from samplecache_service.sampling.encoder import encode_table
 
@@ -419,30 +423,127 @@ def test_pyarrow_multi_chunk_and_sliced_tables(tmp_path: Path, all_types: pa.Tab
         assert_table_round_trips(table.slice(start, length), f"slice {start}+{length}")
 
 
-def test_canonical_extension_types_are_served(tmp_path: Path) -> None:
-    """pyarrow reads Parquet UUID / JSON columns (and columns written from canonical extension types)
-    back as extension arrays; they are served as their storage."""
-    import uuid
+def _canonical_extension_table(n: int, seed: int) -> tuple[pa.Table, dict[str, Any]]:
+    """Every canonical extension type pyarrow knows, at the top level and nested, nulls included; and what each
+    column is expected to decode to, where the writer's input says so (the uuids, the tensors as numpy wrote them)."""
+    rng = random.Random(seed)
+    ids = [uuid.UUID(int=rng.getrandbits(128)) if i % 3 else None for i in range(n)]
+    tensors = np.arange(n * 6, dtype=np.float32).reshape(n, 2, 3) - 7.5
+    cube = np.arange(n * 24, dtype=np.int16).reshape(n, 2, 3, 4)
+    flags = [None if i % 4 == 1 else rng.choice([0, 1, -1, 127]) for i in range(n)]
+    docs = [None if i % 5 == 2 else json.dumps({"k": i, "s": "中"}, ensure_ascii=False) for i in range(n)]
 
-    n = 6
-    rng = random.Random(1)
-    storage = {
-        "uuid": (pa.uuid(), pa.array([uuid.UUID(int=rng.getrandbits(128)).bytes if i % 3 else None
-                                      for i in range(n)], pa.binary(16))),
-        "json": (pa.json_(), pa.array([json.dumps({"k": i}) if i % 4 else None for i in range(n)])),
-        "tensor": (pa.fixed_shape_tensor(pa.float32(), (2, 2)),
-                   pa.array([[float(i), 1.5, -0.0, 2.0] if i % 5 else None for i in range(n)],
-                            pa.list_(pa.float32(), 4))),
-        "bool8": (pa.bool8(), pa.array([i % 2 if i != 3 else None for i in range(n)], pa.int8())),
-    }
-    table = pa.table({k: pa.ExtensionArray.from_storage(t, s) for k, (t, s) in storage.items()})
-    path = tmp_path / "ext.parquet"
-    pq.write_table(table, path, row_group_size=3)
-    read = pq.ParquetFile(path).read_row_group(0)
-    assert isinstance(read.schema.field("uuid").type, pa.BaseExtensionType)
-    cols = assert_file_round_trips(path)
-    assert (cols["uuid"].kind, cols["json"].kind) == ("binary", "string")
-    assert (cols["tensor"].kind, cols["tensor"].shape) == ("fixed", (4,))
+    def ext(t: pa.DataType, values: list[Any]) -> pa.Array:
+        return pa.ExtensionArray.from_storage(t, pa.array(values, t.storage_type))
+
+    table = pa.table({
+        "uuid": ext(pa.uuid(), [u.bytes if u else None for u in ids]),
+        "json": ext(pa.json_(), docs),
+        "json_large": ext(pa.json_(pa.large_string()), docs),
+        "bool8": ext(pa.bool8(), flags),
+        "tensor": pa.FixedShapeTensorArray.from_numpy_ndarray(tensors),
+        "tensor_named": pa.ExtensionArray.from_storage(
+            pa.fixed_shape_tensor(pa.int16(), (2, 3, 4), dim_names=["c", "h", "w"]),
+            pa.FixedShapeTensorArray.from_numpy_ndarray(cube).storage),
+        "tensor_nulls": ext(pa.fixed_shape_tensor(pa.float64(), (2, 2)),
+                            [None if i % 3 == 0 else [1.5, None if i % 2 else -0.0, math.inf, i] for i in range(n)]),
+        "opaque": ext(pa.opaque(pa.binary(), "geometry", "postgis"), [None if i % 4 == 3 else bytes([i]) * i
+                                                                        for i in range(n)]),
+        "opaque_int": ext(pa.opaque(pa.int64(), "ticks", "vendor.example"), [i * 1000 for i in range(n)]),
+        "list_uuid": pa.array([[u.bytes if u else None for u in ids[i:i + 2]] if i % 5 else None for i in range(n)],
+                              pa.list_(pa.binary(16))).cast(pa.list_(pa.uuid())),
+        "struct_ext": pa.StructArray.from_arrays(
+            [ext(pa.uuid(), [u.bytes if u else None for u in ids]), ext(pa.bool8(), flags), ext(pa.json_(), docs)],
+            ["id", "ok", "doc"]),
+    })
+    return table, {"uuid": ids, "json": docs, "bool8": [None if f is None else f != 0 for f in flags],
+                   "tensor": list(tensors), "tensor_named": list(cube)}
+
+
+def test_pyarrow_canonical_extension_types(tmp_path: Path) -> None:
+    """The canonical extension types as pyarrow writes them to Parquet (in the file's Arrow schema) and reads
+    them back: a uuid as uuid.UUID, bool8 as bool, json as its text, a fixed_shape_tensor as an ndarray of its
+    shape, opaque as its storage's value; nested ones too."""
+    table, want = _canonical_extension_table(40, seed=1)
+    path = _write(table, tmp_path / "ext.parquet")
+    read = pq.ParquetFile(path).schema_arrow
+    assert {f.name: f.type for f in read} == {f.name: f.type for f in table.schema}  # pyarrow reads them back
+    cols = assert_file_round_trips(path, min_row_groups=3)
+    assert {k: (c.kind, c.dtype, c.shape) for k, c in cols.items()} == {
+        "uuid": ("binary", None, ()), "json": ("string", None, ()), "json_large": ("string", None, ()),
+        "bool8": ("fixed", "|b1", ()), "tensor": ("fixed", "<f4", (2, 3)),
+        "tensor_named": ("fixed", "<i2", (2, 3, 4)), "tensor_nulls": ("fixed", "<f8", (2, 2)),
+        "opaque": ("binary", None, ()), "opaque_int": ("fixed", "<i8", ()), "list_uuid": ("nested", None, ()),
+        "struct_ext": ("nested", None, ())}
+    assert cols["tensor_named"].arrow == str(read.field("tensor_named").type)  # its dim_names are in /v1/schema
+    got = decoded_columns(path)
+    assert got["uuid"] == want["uuid"] and all(type(u) is uuid.UUID for u in got["uuid"] if u is not None)
+    assert got["json"] == want["json"] and got["json_large"] == want["json"]
+    assert [None if v is None else bool(v) for v in got["bool8"]] == want["bool8"]
+    for k in ("tensor", "tensor_named"):  # the arrays numpy wrote, exactly
+        assert all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got[k], want[k], strict=True)), k
+    # exactly pyarrow's as_py() where it is the form (a tensor's as_py() is its flat list)
+    as_py = pq.read_table(path)
+    for k in ("uuid", "json", "opaque", "list_uuid", "struct_ext"):
+        assert got[k] == as_py.column(k).to_pylist(), k
+    assert [None if v is None else v.item() for v in got["bool8"]] == as_py.column("bool8").to_pylist()
+    assert got["struct_ext"][1] == {"id": want["uuid"][1], "ok": None, "doc": want["json"][1]}
+
+
+def _masked(cell: np.ndarray, valid: np.ndarray) -> Any:
+    """A batch's array cell with its ``__valid`` mask as ``as_py()`` has it: None where masked."""
+    if cell.ndim == 0:
+        return cell[()] if valid else None
+    if not valid.any():
+        return None
+    return [_masked(c, v) if c.ndim else (c.item() if v else None) for c, v in zip(cell, valid)]
+
+
+@pytest.mark.parametrize("masks", [True, False], ids=["masks", "lists"])
+def test_canonical_extension_types_in_a_batch(tmp_path: Path, masks: bool) -> None:
+    """The same columns gathered into batches from a real LMDB cache (CacheReader.batch, what SampleCacheLoader and
+    batch_size= use): a uuid column as a list of uuid.UUID, json as a list of str, bool8 as a bool array (with
+    ``masks``: False under nulls plus ``<name>__valid``; without: a list when nulls are in the batch), a
+    fixed_shape_tensor as one (B, *shape) array."""
+    table, want = _canonical_extension_table(40, seed=2)
+    # a plain bool column with nulls too: its masked batch once raised (numpy would not cast 0 to bool)
+    table = table.append_column("flag", pa.array([None if i % 4 == 1 else i % 3 == 0 for i in range(40)]))
+    schema, skipped = infer_schema(table.schema)
+    assert skipped == {}
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    cache = dd.Cache(tmp_path / "lmdb")
+    try:
+        path, _, rpb = dd.stage(staging, "s0", table, schema, block_bytes=2000)
+        shard = cache.writer.ingest(path).result().shard
+        assert shard is not None and rpb < table.num_rows  # several blocks
+    finally:
+        cache.close()
+    rows = np.array([7, 0, 39, 1, 12, 5, 33, 8], np.int64)  # across blocks, out of order
+    n = len(rows)
+    got = CacheReader(str(tmp_path / "lmdb"), dd.MAP_SIZE, schema).batch(
+        np.full(n, shard.id, np.int64), np.full(n, rpb, np.int64), rows, list(range(len(schema.columns))),
+        masks=masks)
+    picked = rows.tolist()
+    assert got["uuid"] == [want["uuid"][r] for r in picked]
+    assert all(type(u) is uuid.UUID for u in got["uuid"] if u is not None)
+    assert got["json"] == [want["json"][r] for r in picked]
+    flags = [want["bool8"][r] for r in picked]
+    assert None in flags
+    if masks:
+        assert got["bool8"].dtype == np.bool_ and got["bool8__valid"].tolist() == [f is not None for f in flags]
+        assert got["bool8"].tolist() == [bool(f) for f in flags]
+    else:
+        assert [None if v is None else bool(v) for v in got["bool8"]] == flags
+    tensors = got["tensor"]
+    assert tensors.dtype == np.float32 and np.array_equal(tensors, np.stack([want["tensor"][r] for r in picked]))
+    assert got["tensor_named"].shape == (n, 2, 3, 4)
+    for name in schema.names:  # every column, cell by cell, as pyarrow reads it
+        cells = got[name]
+        if isinstance(cells, np.ndarray):
+            valid = got.get(name + "__valid")
+            cells = [cells[j] if valid is None or valid[j].all() else _masked(cells[j], valid[j]) for j in range(n)]
+        assert_cells_equal(cells, table.column(name).take(pa.array(picked)), f"batch, column {name}")
 
 
 # --- the comparator itself ----------------------------------------------------------------------------
@@ -745,6 +846,8 @@ DUCKDB_COLUMNS = {
     "dec4": "(i / 4)::DECIMAL(4,1)", "dec18": "(i * 1.001)::DECIMAL(18,3)",
     "dec38": "(i * -1.0000000001)::DECIMAL(38,10)",
     "uuid": "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::UUID", "json": "('{\"a\": ' || i || '}')::JSON",
+    "lst_uuid": "[md5(i::VARCHAR)::UUID, NULL]", "st_uuid": "{'id': md5(i::VARCHAR)::UUID, 'n': i}",
+    "mp_uuid": "MAP {md5(i::VARCHAR)::UUID: i}", "lst_json": "[('[' || i || ']')::JSON, NULL]",
     "lst": "[i, NULL, i + 1]", "lst_rect": "[i, i]", "lst2": "[[i], [], NULL]", "lst_str": "['a', NULL, i::VARCHAR]",
     "lst_dec": "[1.5, NULL]::DECIMAL(5,2)[]", "lst_ts": "[TIMESTAMPTZ '2020-01-01 00:00:00+00', NULL]",
     "st": "{'a': i, 'b': 'x', 'c': [1.5, NULL], 'd': {'e': DATE '2000-01-01'}}",
@@ -795,13 +898,24 @@ def test_duckdb_copy_to_parquet(tmp_path: Path, options: str) -> None:
 
 
 def test_duckdb_uuid_and_json_with_pyarrow_defaults(tmp_path: Path) -> None:
-    """pyarrow's default reading of DuckDB's UUID / JSON columns: canonical extension types."""
+    """pyarrow's default reading of DuckDB's UUID / JSON columns (what the daemon reads): the arrow.uuid / arrow.json
+    extension types, served as uuid.UUID and the JSON text, nested ones too (issue 22, item 6)."""
     path = _duckdb_file(tmp_path, "ROW_GROUP_SIZE_BYTES 3000")
     schema = pq.ParquetFile(path).schema_arrow
-    assert isinstance(schema.field("uuid").type, pa.BaseExtensionType)
-    assert isinstance(schema.field("json").type, pa.BaseExtensionType)
+    assert schema.field("uuid").type == pa.uuid() and schema.field("json").type == pa.json_()
+    assert schema.field("lst_uuid").type.value_type == pa.uuid()
     cols = assert_file_round_trips(path, min_row_groups=2)
     assert (cols["uuid"].kind, cols["json"].kind) == ("binary", "string")
+    got = decoded_columns(path)
+    one = uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")
+    assert got["uuid"][:3] == [one, None, one] and type(got["uuid"][0]) is uuid.UUID
+    assert got["json"][:3] == ['{"a": 0}', None, '{"a": 2}']
+    md5 = uuid.UUID(hashlib.md5(b"3").hexdigest())
+    assert got["lst_uuid"][3] == [md5, None] and got["st_uuid"][3] == {"id": md5, "n": 3}
+    assert got["mp_uuid"][3] == [(md5, 3)] and got["lst_json"][3] == ["[3]", None]
+    table = pq.read_table(path)
+    for k in ("uuid", "json", "lst_uuid", "st_uuid", "mp_uuid", "lst_json"):  # exactly pyarrow's as_py()
+        assert got[k] == table.column(k).to_pylist(), k
 
 
 # --- Hugging Face datasets ----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ files under a unique prefix of the real S3 server and starts a real daemon subpr
 
 from __future__ import annotations
 
+import hashlib
 import io
 from decimal import Decimal
 from pathlib import Path
@@ -189,6 +190,77 @@ def test_nested_types_through_the_loader(daemon: Any, s3: Any, prefix: str, tmp_
     assert len(got) == len(cells["id"]), "a sample was delivered twice"
     assert masked_batches >= 1
     compare_table(got, table, "nested")
+
+
+# --------------------------------------------------------------------------------------------- extension types
+def test_canonical_extension_types_from_duckdb_and_pyarrow(daemon: Any, s3: Any, prefix: str,
+                                                          tmp_path: Path) -> None:
+    """A DuckDB file (UUID, JSON: pyarrow reads them as arrow.uuid / arrow.json) and a pyarrow file (bool8,
+    fixed_shape_tensor, opaque) in one source: each sample as pyarrow reads it (a uuid as uuid.UUID), and in the
+    loader's batches a list of uuid.UUID, a list of JSON texts, a bool tensor and a (B, 2, 3) tensor (issue 22, 6)."""
+    import uuid
+
+    duckdb = pytest.importorskip("duckdb")
+    n = 100
+    local = tmp_path / "ext"
+    local.mkdir()
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET threads = 1")
+        con.execute(f"""COPY (SELECT i AS id, CASE WHEN i % 7 = 1 THEN NULL ELSE md5(i::VARCHAR)::UUID END AS uid,
+                        ('{{"i": ' || i || '}}')::JSON AS doc, [md5((i + 1)::VARCHAR)::UUID, NULL] AS uids
+                        FROM range({n}) t(i)) TO '{local / "duck.parquet"}' (FORMAT PARQUET, ROW_GROUP_SIZE 40)""")
+    finally:
+        con.close()
+    tensors = np.arange(n * 6, dtype=np.float32).reshape(n, 2, 3) / 4
+    flags = [None if i % 5 == 0 else i % 3 - 1 for i in range(n)]
+    pq.write_table(pa.table({
+        "id": pa.array(range(n, 2 * n), pa.int64()),
+        "flag": pa.ExtensionArray.from_storage(pa.bool8(), pa.array(flags, pa.int8())),
+        "grid": pa.FixedShapeTensorArray.from_numpy_ndarray(tensors),
+        "blob": pa.ExtensionArray.from_storage(pa.opaque(pa.binary(), "geometry", "postgis"),
+                                               pa.array([bytes([i % 256]) * (i % 4) for i in range(n)])),
+    }), local / "arrow.parquet", row_group_size=40)
+    files = [local / "duck.parquet", local / "arrow.parquet"]
+    for f in files:
+        upload(s3, f, f"{prefix}/{f.name}")
+    unified = pa.unify_schemas([pq.read_schema(f) for f in files], promote_options="permissive")
+    assert unified.field("uid").type == pa.uuid() and unified.field("doc").type == pa.json_()
+    want = pads.dataset([str(f) for f in files], schema=unified, format="parquet").to_table()
+
+    d = daemon(source=f"s3://{prefix}")
+    samples = by_id(read_epoch(d.url, 2 * n))
+    compare_table(samples, want, "extension types")
+    assert samples[0]["uid"] == uuid.UUID(hashlib.md5(b"0").hexdigest()) and samples[1]["uid"] is None
+    assert samples[n]["grid"].shape == (2, 3) and samples[n]["flag"] is None
+    assert samples[n + 1]["flag"] == np.False_ and samples[n + 2]["flag"] == np.True_
+
+    ds = SampleCacheDataset(d.url, min_samples=2 * n, wait=60)
+    seen: list[int] = []
+    try:
+        for batch in SampleCacheLoader(ds, batch_size=16, num_workers=0):
+            ids = batch["id"].tolist()
+            assert [u.hex if u is not None else None for u in batch["uid"]] == [
+                hashlib.md5(str(i).encode()).hexdigest() if i < n and i % 7 != 1 else None for i in ids]
+            assert all(type(u) is uuid.UUID for u in batch["uid"] if u is not None)
+            assert batch["doc"] == [f'{{"i": {i}}}' if i < n else None for i in ids]
+            grid, valid = batch["grid"], batch.get("grid__valid")
+            assert isinstance(grid, torch.Tensor) and grid.dtype == torch.float32 and grid.shape == (len(ids), 2, 3)
+            for j, i in enumerate(ids):
+                if i >= n:
+                    assert torch.equal(grid[j], torch.from_numpy(tensors[i - n]))
+                else:
+                    assert valid is not None and not valid[j].any()
+            flag = batch["flag"]
+            assert isinstance(flag, torch.Tensor) and flag.dtype == torch.bool
+            present = [i >= n and flags[i - n] is not None for i in ids]
+            mask = batch.get("flag__valid")  # absent when no flag in the batch is null
+            assert (mask.tolist() if mask is not None else [True] * len(ids)) == present
+            assert flag.tolist() == [p and flags[i - n] != 0 for p, i in zip(present, ids)]
+            seen += ids
+    finally:
+        ds.close()
+    assert sorted(seen) == list(range(2 * n))
 
 
 # --------------------------------------------------------------------------------------------- large row group

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import uuid
 from decimal import Decimal
 from typing import Any
 
@@ -629,22 +630,93 @@ def test_list_view_columns_round_trip() -> None:
         assert_round_trip(t, schema, encode_table(t, schema, bb)[0])
 
 
-@pytest.mark.parametrize("ext_type,storage", [
-    (pa.uuid(), pa.array([b"0123456789abcdef", None], pa.binary(16))),
-    (pa.json_(), pa.array(['{"a": 1}', None])),
-    (pa.fixed_shape_tensor(pa.float32(), (2, 2)), pa.array([[1, 2, 3, 4], None], pa.list_(pa.float32(), 4))),
-    (pa.bool8(), pa.array([1, None], pa.int8())),
-], ids=["uuid", "json", "fixed_shape_tensor", "bool8"])
-def test_canonical_extension_types_are_served_as_their_storage(ext_type: pa.DataType, storage: pa.Array) -> None:
-    """Canonical extension types derive from pa.BaseExtensionType (not pa.ExtensionType); pyarrow reads
-    Parquet UUID / JSON columns as arrow.uuid / arrow.json by default."""
-    t = pa.table({"x": pa.ExtensionArray.from_storage(ext_type, storage), "id": pa.array([0, 1])})
+_U1, _U2 = uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"), uuid.UUID(int=1)
+
+
+def _ext(ext_type: pa.DataType, values: list[Any]) -> pa.Array:
+    return pa.ExtensionArray.from_storage(ext_type, pa.array(values, ext_type.storage_type))
+
+
+# (array, (kind, dtype, shape), the decoded cells): each canonical extension type pyarrow knows, nested ones too
+CANONICAL = {
+    "uuid": (_ext(pa.uuid(), [_U1.bytes, None, _U2.bytes]), ("binary", None, ()), [_U1, None, _U2]),
+    "json": (_ext(pa.json_(), ['{"a": 1}', None, "[]"]), ("string", None, ()), ['{"a": 1}', None, "[]"]),
+    "large_json": (_ext(pa.json_(pa.large_string()), ["1", None, '"x"']), ("string", None, ()), ["1", None, '"x"']),
+    "bool8": (_ext(pa.bool8(), [1, None, -3]), ("fixed", "|b1", ()), [np.True_, None, np.True_]),
+    "tensor": (_ext(pa.fixed_shape_tensor(pa.float32(), (2, 3)), [list(range(6)), None, [0.5] * 6]),
+               ("fixed", "<f4", (2, 3)), [np.arange(6, dtype=np.float32).reshape(2, 3), None,
+                                          np.full((2, 3), 0.5, np.float32)]),
+    # stored order, the type's shape: a permutation is not applied (it is in the column's arrow type)
+    "tensor_permuted": (_ext(pa.fixed_shape_tensor(pa.int16(), (2, 3), permutation=[1, 0]), [list(range(6))] * 3),
+                        ("fixed", "<i2", (2, 3)), [np.arange(6, dtype=np.int16).reshape(2, 3)] * 3),
+    "tensor_0d": (_ext(pa.fixed_shape_tensor(pa.int8(), ()), [[7], None, [-1]]), ("fixed", "|i1", ()),
+                  [np.int8(7), None, np.int8(-1)]),
+    "tensor_null_inside": (_ext(pa.fixed_shape_tensor(pa.int32(), (1, 2)), [[1, None], [2, 3], None]),
+                           ("fixed", "<i4", (1, 2)), [[[1, None]], np.array([[2, 3]], np.int32), None]),
+    "tensor_empty": (_ext(pa.fixed_shape_tensor(pa.int8(), (3, 0)), [[], None, []]), ("fixed", "|i1", (3, 0)),
+                     [np.zeros((3, 0), np.int8), None, np.zeros((3, 0), np.int8)]),
+    "opaque": (_ext(pa.opaque(pa.binary(), "geometry", "postgis"), [b"\x01", None, b""]), ("binary", None, ()),
+               [b"\x01", None, b""]),
+    "list_uuid": (pa.array([[_U1.bytes, None], None, []], pa.list_(pa.binary(16))).cast(pa.list_(pa.uuid())),
+                  ("nested", None, ()), [[_U1, None], None, []]),
+    "struct_uuid_bool8": (pa.StructArray.from_arrays(
+        [_ext(pa.uuid(), [_U2.bytes, None, _U1.bytes]), _ext(pa.bool8(), [0, 2, None])], ["id", "ok"],
+        mask=pa.array([False, False, True])), ("nested", None, ()),
+        [{"id": _U2, "ok": False}, {"id": None, "ok": True}, None]),
+    "list_tensor": (pa.ListArray.from_arrays(pa.array([0, 2, 2, 3]), _ext(pa.fixed_shape_tensor(pa.uint8(), (2,)),
+                                                                       [[1, 2], [3, 4], [5, 6]])),
+                    ("list", "|u1", (-1, 2)), [np.array([[1, 2], [3, 4]], np.uint8), np.zeros((0, 2), np.uint8),
+                                               np.array([[5, 6]], np.uint8)]),
+}
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, np.ndarray) or isinstance(want, np.generic):
+        return type(got) is type(want) and got.dtype == want.dtype and np.array_equal(got, want)
+    return type(got) is type(want) and got == want
+
+
+@pytest.mark.parametrize("name", list(CANONICAL))
+def test_canonical_extension_types_are_served_as_documented(name: str) -> None:
+    """Canonical extension types (pa.BaseExtensionType, not pa.ExtensionType; pyarrow reads Parquet UUID / JSON as
+    arrow.uuid / arrow.json by default): a uuid as uuid.UUID, bool8 as bool, a fixed_shape_tensor as an array of its
+    shape, json and opaque as their storage (README "What a sample holds")."""
+    arr, (kind, dtype, shape), cells = CANONICAL[name]
+    t = pa.table({"x": arr, "id": pa.array([0, 1, 2])})
     schema, skipped = infer_schema(t.schema)
     assert skipped == {}
-    plain = column_for(pa.field("x", storage.type))
-    assert schema.columns[0] == plain and schema.columns[0].type == plain.type
-    for bb in (1, 1 << 20):
-        assert_round_trip(t, schema, encode_table(t, schema, bb)[0])
+    c = schema.columns[0]
+    assert (c.kind, c.dtype, c.shape) == (kind, dtype, shape)
+    assert c.arrow == str(arr.type)
+    wire = Schema.from_json(json.loads(json.dumps(schema.to_json())))
+    for part, want in ((t, cells), (t.slice(1), cells[1:])):
+        for bb in (1, 1 << 20):
+            blocks = encode_table(part, schema, bb)[0]
+            assert_round_trip(part, wire, blocks)
+            got = [r["x"] for r in decode_all(blocks, wire)]
+            assert len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want)), (got, want)
+    if "tensor" not in name:  # exactly pyarrow's as_py() (a tensor's as_py() is its flat list)
+        assert [_plain_py(v) for v in got] == arr.slice(1).to_pylist()
+
+
+def _plain_py(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def test_canonical_extension_types_in_a_schema_from_their_storage() -> None:
+    """A cache whose schema was inferred when extension types were served as their storage keeps that form: its
+    new shards are encoded as its old ones were (the schema is stored once per cache)."""
+    t = pa.table({k: CANONICAL[k][0] for k in ("uuid", "bool8", "tensor", "tensor_0d")})
+    old = Schema(tuple(column_for(pa.field(f.name, f.type.storage_type)) for f in t.schema))
+    assert [(c.kind, c.dtype, c.shape) for c in old.columns] == [
+        ("binary", None, ()), ("fixed", "|i1", ()), ("fixed", "<f4", (6,)), ("fixed", "|i1", (1,))]
+    rows = decode_all(encode_table(t, old, 1 << 20)[0], old)
+    assert [r["uuid"] for r in rows] == [_U1.bytes, None, _U2.bytes]
+    assert [None if r["bool8"] is None else int(r["bool8"]) for r in rows] == [1, None, -3]
+    assert rows[0]["tensor"].tolist() == list(range(6)) and rows[1]["tensor"] is None
+    assert rows[2]["tensor_0d"].tolist() == [-1]
 
 
 def test_pieces_are_the_block_and_view_the_table() -> None:

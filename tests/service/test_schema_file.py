@@ -12,7 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from samplecache_service.remote.discovery import Discovery
-from samplecache_service.remote.schemas import SchemaConflict, check_fits, conform, load_schema_file, normalize, to_text
+from samplecache_service.remote.schemas import (
+    SchemaConflict,
+    check_fits,
+    conform,
+    load_schema_file,
+    normalize,
+    to_text,
+    unify,
+)
 from samplecache_service.remote.stores import FsspecRemote, RemoteError
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.writer import Writer, open_env
@@ -82,6 +90,8 @@ FITS = {
     "an extra column": pa.schema([("id", pa.int64()), ("extra", pa.binary())]),
     "dictionary of the pinned type": pa.schema([("id", pa.int64()), ("t", pa.dictionary(pa.int32(), pa.string()))]),
     "coarser timestamp unit": pa.schema([("id", pa.int64()), ("ts", pa.timestamp("ms", tz="UTC"))]),
+    # a DuckDB JSON column as pyarrow reads it now, where the cache began with its text
+    "json in the pinned string column": pa.schema([("id", pa.int64()), ("t", pa.json_())]),
 }
 
 
@@ -222,3 +232,54 @@ def test_a_pin_no_file_fits_is_not_adopted_and_a_start_without_it_works(tmp_path
     assert sorted(Path(p).name for p in again.run()) == ["0.parquet", "1.parquet"]
     assert again.schema is not None and again.target is not None and again.target.field("id").type == pa.int64()
     assert not any(f.quarantined for f in catalog.files().values()), catalog.files()
+
+
+# --------------------------------------------------------------------------------------------- extension types
+def test_the_footer_schema_is_the_one_row_groups_are_read_with(tmp_path: Path, cache: tuple[Catalog, Writer]
+                                                              ) -> None:
+    """A Parquet UUID / JSON column without an Arrow schema in the file (as DuckDB writes it): pyarrow's readers
+    give arrow.uuid / arrow.json, and so must the footer's schema, or the dataset's schema would cast the
+    uuids back to 16 raw bytes (issue 22, item 6)."""
+    import uuid
+
+    catalog, writer = cache
+    src = tmp_path / "src"
+    src.mkdir()
+    ids = pa.array([uuid.UUID(int=7).bytes, None], pa.binary(16))
+    table = pa.table({"id": pa.ExtensionArray.from_storage(pa.uuid(), ids),
+                      "doc": pa.ExtensionArray.from_storage(pa.json_(), pa.array(['{"a": 1}', None])),
+                      "ids": pa.array([[uuid.UUID(int=8).bytes], []], pa.list_(pa.binary(16))).cast(
+                          pa.list_(pa.uuid()))})
+    pq.write_table(table, src / "a.parquet", store_schema=False)
+    assert pq.ParquetFile(src / "a.parquet").metadata.schema.to_arrow_schema().field("id").type == pa.binary(16)
+    remote = FsspecRemote(f"file://{src}")
+    read = pq.ParquetFile(src / "a.parquet").read_row_group(0).schema
+    assert remote.file_info(f"{src}/a.parquet")[1].equals(read)
+    assert read.field("id").type == pa.uuid() and read.field("doc").type == pa.json_()
+    disc = Discovery(remote, catalog, writer, None)
+    disc.run()
+    assert disc.target is not None and disc.target.field("id").type == pa.uuid()
+    assert disc.schema is not None
+    assert [dict(c.type_node()) for c in disc.schema.columns] == [
+        {"t": "binary", "ext": "uuid"}, {"t": "string"},
+        {"t": "list", "child": {"t": "fixed_binary", "width": 16, "ext": "uuid"}}]
+
+
+def test_an_extension_type_and_its_storage_type_unify_as_the_storage() -> None:
+    """Files where one column is arrow.uuid (DuckDB's, read by pyarrow) and fixed_size_binary(16) (another writer's),
+    or a cache that began with the 16 bytes: the storage type, which every file fits; a cache of uuids refuses a
+    file of plain bytes, naming both types."""
+    plain = pa.schema([("u", pa.binary(16)), ("l", pa.list_(pa.binary(16)))])
+    ext = pa.schema([("u", pa.uuid()), ("l", pa.list_(pa.uuid()))])
+    assert unify(plain, ext).equals(plain) and unify(ext, plain).equals(plain)
+    assert unify(ext, ext).equals(ext)
+    check_fits(plain, ext, "the cache's schema")
+    table = conform(pa.table({"u": pa.ExtensionArray.from_storage(pa.uuid(), pa.array([b"x" * 16], pa.binary(16))),
+                              "l": pa.array([[b"y" * 16]], pa.list_(pa.binary(16))).cast(pa.list_(pa.uuid()))}),
+                    plain)
+    assert table.schema.equals(plain) and table.column("u").to_pylist() == [b"x" * 16]
+    with pytest.raises(SchemaConflict) as ei:
+        check_fits(ext, plain, "the cache's schema")
+    assert "column 'u' is fixed_size_binary[16] in this file; the cache's schema has extension<arrow.uuid>" in \
+        str(ei.value), ei.value
+

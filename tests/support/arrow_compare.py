@@ -15,7 +15,11 @@ The decoder gives each cell in a documented form (``client/samplecache/format/re
 * string -> ``str``, binary / large_binary / fixed_size_binary -> ``bytes``;
 * everything else as ``as_py``: struct -> dict (field order kept), map -> list of ``(key, value)`` tuples,
   decimal -> exact ``decimal.Decimal`` (same digits and exponent), null type -> ``None``;
-* dictionary columns give their values, extension columns their storage, list views their lists.
+* dictionary columns give their values, list views their lists;
+* canonical extension types: uuid -> ``uuid.UUID`` (as ``as_py``), bool8 -> bool (a numpy ``bool_`` at the top
+  level, as bool columns), json -> the JSON text as ``str``, fixed_shape_tensor -> an ndarray of the type's
+  ``shape``, elements in stored order (``as_py`` gives them flat; no ``permutation`` applied), opaque and other
+  extension types -> their storage's value.
 
 ``expected_cells`` is written from pyarrow alone (no samplecache code): temporal leaves are read as the
 integers Arrow stores, so nothing is lost to ``datetime`` (nanoseconds, time zones, out-of-range years).
@@ -24,6 +28,7 @@ integers Arrow stores, so nothing is lost to ``datetime`` (nanoseconds, time zon
 from __future__ import annotations
 
 import math
+import uuid
 from decimal import Decimal
 from typing import Any
 
@@ -47,6 +52,31 @@ def _storage_type(t: pa.DataType) -> pa.DataType:
             return t
 
 
+def _extension(t: pa.DataType) -> str | None:
+    return t.extension_name if isinstance(t, pa.BaseExtensionType) else None
+
+
+def _served_type(t: pa.DataType) -> pa.DataType:
+    """The Arrow type whose plain form a cell of ``t`` is served as: dictionaries as their values, bool8 as bool,
+    a fixed_shape_tensor as fixed-size lists of its shape (a 0-d one as its value type), other extension types
+    as their storage."""
+    while True:
+        ext = _extension(t)
+        if ext == "arrow.bool8":
+            return pa.bool_()
+        if ext == "arrow.fixed_shape_tensor":
+            out = t.value_type
+            for size in reversed(t.shape):
+                out = pa.list_(out, size)
+            return out
+        if ext is not None:
+            t = t.storage_type
+        elif pa.types.is_dictionary(t):
+            t = t.value_type
+        else:
+            return t
+
+
 def _is_temporal(t: pa.DataType) -> bool:
     return (pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t)
             or pa.types.is_duration(t))
@@ -54,7 +84,7 @@ def _is_temporal(t: pa.DataType) -> bool:
 
 def leaf_dtype(t: pa.DataType) -> np.dtype | None:
     """The numpy dtype a number / bool / temporal Arrow type decodes to, else None."""
-    t = _storage_type(t)
+    t = _served_type(t)
     if pa.types.is_boolean(t):
         return np.dtype(np.bool_)
     if pa.types.is_integer(t) or pa.types.is_floating(t):
@@ -80,10 +110,10 @@ def _list_value_type(t: pa.DataType) -> pa.DataType | None:
 def numeric_list_chain(t: pa.DataType) -> tuple[list[int], np.dtype] | None:
     """For a list (of lists...) of numbers: ([size or -1 per level], leaf dtype); else None."""
     sizes: list[int] = []
-    t = _storage_type(t)
+    t = _served_type(t)
     while (vt := _list_value_type(t)) is not None:
         sizes.append(t.list_size if pa.types.is_fixed_size_list(t) else -1)
-        t = _storage_type(vt)
+        t = _served_type(vt)
     dt = leaf_dtype(t)
     return (sizes, dt) if sizes and dt is not None else None
 
@@ -140,10 +170,31 @@ def plain(arr: Any) -> pa.Array:
             return arr
 
 
+def _tensor(t: pa.DataType, flat: list[Any]) -> Any:
+    """A fixed_shape_tensor's flat storage list as nested lists of the type's shape (a 0-d one: its value)."""
+    cells = [_temporal(t.value_type, x) for x in flat]
+    if not t.shape:
+        return cells[0]
+    grid = np.empty(len(cells), dtype=object)
+    for i, x in enumerate(cells):
+        grid[i] = x
+    return grid.reshape(t.shape).tolist()
+
+
 def _temporal(t: pa.DataType, v: Any) -> Any:
-    """Arrow's integers of a value of type ``t`` -> the documented form (temporal leaves numpy)."""
+    """Arrow's integers of a value of type ``t`` -> the documented form (temporal leaves numpy, canonical
+    extension types as the module doc says)."""
     if v is None:
         return None
+    ext = _extension(t)
+    if ext == "arrow.uuid":
+        return uuid.UUID(bytes=v)
+    if ext == "arrow.bool8":
+        return bool(v)
+    if ext == "arrow.fixed_shape_tensor":
+        return _tensor(t, v)
+    if ext is not None:
+        return _temporal(t.storage_type, v)
     t = _storage_type(t)
     if _is_temporal(t):
         return np.array(v, dtype=np.int64).view(leaf_dtype(t))[()]
@@ -220,6 +271,9 @@ def _deep_equal(got: Any, want: Any, where: str, numpy_leaves: np.dtype | None) 
     if isinstance(want, Decimal):
         assert type(got) is Decimal, f"{where}: want Decimal, got {type(got)} {got!r}"
         assert got.as_tuple() == want.as_tuple(), f"{where}: {got!r} != {want!r} (digits and exponent)"
+        return
+    if isinstance(want, uuid.UUID):
+        assert type(got) is uuid.UUID and got == want, f"{where}: want {want!r}, got {type(got)} {got!r}"
         return
     if isinstance(want, (str, bytes)):
         assert type(got) is type(want), f"{where}: want {type(want).__name__}, got {type(got)} {got!r:.80}"

@@ -6,7 +6,7 @@ nesting, is stored as the buffers of its type tree, depth first, much like Arrow
 
     {"t": "prim", "dtype": "<i8"}               numbers, bool ("|b1"), datetime64/timedelta64 ("tz" if any)
     {"t": "string"} / {"t": "binary"}
-    {"t": "fixed_binary", "width": w}
+    {"t": "fixed_binary", "width": w}           "ext": "uuid" on a (fixed_)binary node: the bytes of a UUID
     {"t": "decimal", "width": 16, "scale": s}  two's complement, little endian (decimal32..256)
     {"t": "null"}
     {"t": "list", "child": T}                   {"t": "list", "size": k, "child": T} for fixed size lists
@@ -21,16 +21,22 @@ map: offsets, the keys', the values' | null: none.
 Values come back as pyarrow's ``as_py()`` gives them, except in the documented lossless forms: temporal
 values are ``numpy.datetime64`` / ``numpy.timedelta64`` with the column's unit (UTC instants; the time
 zone is in the schema), maps are lists of ``(key, value)`` tuples, decimals are exact ``decimal.Decimal``.
+Canonical extension types come as ``as_py()`` gives them (a uuid as ``uuid.UUID``), except a fixed_shape_tensor:
+it is stored as the fixed-size lists of its shape, so it comes as those do.
 """
 
 from __future__ import annotations
 
+import uuid
 from decimal import Decimal
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 TypeNode = Mapping[str, Any]
+
+# What an "ext" of a type node makes of a non-null value of its storage
+EXTENSIONS: dict[str, Callable[[Any], Any]] = {"uuid": lambda raw: uuid.UUID(bytes=raw)}
 
 
 def slots(node: TypeNode) -> int:
@@ -58,10 +64,10 @@ def is_numeric_list(node: TypeNode) -> bool:
 class Node:
     """One decoded level of the tree: numpy views of its buffers and its children."""
 
-    __slots__ = ("t", "n", "valid", "offsets", "values", "children", "names", "size", "width", "scale")
+    __slots__ = ("t", "n", "valid", "offsets", "values", "children", "names", "size", "width", "scale", "ext")
 
-    def __init__(self, t: str, n: int) -> None:
-        self.t, self.n = t, n
+    def __init__(self, t: str, n: int, ext: str | None = None) -> None:
+        self.t, self.n, self.ext = t, n, ext
         self.valid: np.ndarray | None = None
         self.offsets: np.ndarray | None = None
         self.values: np.ndarray | None = None
@@ -73,7 +79,7 @@ class Node:
 def build(node: TypeNode, n: int, bufs: Iterator[tuple[Any, int, int]]) -> Node:
     """The decoded tree of ``n`` elements, from ``(buffer, offset, length)`` of each slot, depth first."""
     t = node["t"]
-    out = Node(t, n)
+    out = Node(t, n, node.get("ext"))
     if t == "null":
         return out
 
@@ -172,7 +178,11 @@ def to_py(node: Node, a: int, b: int) -> list[Any]:
         vals = _split(pairs, offs)
     else:
         raise ValueError(f"unknown nested node {t!r}")
-    return _masked(node, vals, a, b)
+    vals = _masked(node, vals, a, b)
+    if node.ext is not None:
+        make = EXTENSIONS[node.ext]
+        vals = [None if v is None else make(v) for v in vals]
+    return vals
 
 
 def cell(node: Node, i: int) -> Any:

@@ -296,7 +296,10 @@ class BlockView:
         if kind == "list":
             return data[a:b].reshape(tuple(shapes[i])).copy()
         raw = data[a:b].tobytes()
-        return raw.decode("utf-8") if kind == "string" else raw
+        if kind == "string":
+            return raw.decode("utf-8")
+        ext = self.schema.columns[ci].type_node().get("ext")
+        return raw if ext is None else nested.EXTENSIONS[ext](raw)
 
     def row(self, i: int, cols: Sequence[int]) -> dict[str, Any]:
         names = self.schema.columns

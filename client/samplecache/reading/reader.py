@@ -233,7 +233,8 @@ class CacheReader:
                         valid = [_or_ones(views[u].column_mask(ci), ones, views[u].nrows) for u in at.keys]
                         mask = _gather(valid, (n,) + col.shape, np.dtype(bool), at,
                                        alloc and (lambda sh, dt: alloc(name + VALID_SUFFIX, sh, dt)), 1)
-                        np.copyto(out[name], np.nan if dtype.kind == "f" else 0, where=~mask)
+                        # a bool column (bool8 too) takes False: numpy refuses to cast the int 0 to bool
+                        np.copyto(out[name], np.nan if dtype.kind == "f" else np.zeros((), dtype), where=~mask)
                         out[name + VALID_SUFFIX] = mask
                 else:
                     vals: list[Any] = [None] * n

@@ -36,19 +36,36 @@ def _prim_dtype(t: pa.DataType) -> str | None:
     return None
 
 
-def _storage(t: pa.DataType) -> pa.DataType:
-    while True:
-        if pa.types.is_dictionary(t):
-            t = t.value_type
-        elif isinstance(t, pa.BaseExtensionType):
-            t = t.storage_type
-        else:
-            return t
+def _extension_node(t: pa.BaseExtensionType) -> dict[str, Any] | None:
+    """The served form of a canonical extension type whose ``as_py()`` is not its storage's (README "What a sample
+    holds"), else None: json, opaque and other extension types are served as their storage."""
+    name = t.extension_name
+    if name == "arrow.uuid":
+        # 16 bytes on the wire; the client makes them uuid.UUID
+        return {"t": "fixed_binary", "width": 16, "ext": "uuid"}
+    if name == "arrow.bool8":
+        return {"t": "prim", "dtype": "|b1"}  # the encoder stores int8 != 0
+    if name == "arrow.fixed_shape_tensor":
+        # an ndarray of the type's shape in stored order, as fixed-size lists are; a permutation is not applied
+        node = type_node(t.value_type)
+        for size in reversed(t.shape):
+            node = {"t": "list", "size": int(size), "child": node}
+        return node
+    return None
 
 
 def type_node(t: pa.DataType) -> dict[str, Any]:
     """The record format's type tree (``samplecache.format.nested``) of an Arrow type, or UnsupportedColumn."""
-    t = _storage(t)
+    while True:
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        elif isinstance(t, pa.BaseExtensionType):
+            served = _extension_node(t)
+            if served is not None:
+                return served
+            t = t.storage_type
+        else:
+            break
     dtype = _prim_dtype(t)
     if dtype is not None:
         node: dict[str, Any] = {"t": "prim", "dtype": dtype}
@@ -82,7 +99,9 @@ def column_for(field: pa.Field, info: dict[str, Any] | None = None) -> Column:
     arrow = str(field.type)
     if node["t"] in ("string", "binary", "fixed_binary"):
         kind = "string" if node["t"] == "string" else "binary"
-        return Column(field.name, kind, None, (), field.nullable, {"t": kind}, None, arrow, info)
+        # stored as variable-length bytes; "ext" (a uuid) tells the client what the bytes are
+        top = {"t": kind, "ext": node["ext"]} if "ext" in node else {"t": kind}
+        return Column(field.name, kind, None, (), field.nullable, top, None, arrow, info)
     shape: list[int] = []
     leaf = node
     while leaf["t"] == "list":

@@ -3,8 +3,9 @@
 Rules (README "Schema across files"): a column that is ``null`` in one file takes the type of the others;
 integers widen, and int with float becomes float; string with large_string becomes large_string;
 timestamps take the finer unit; a column missing from a file reads as nulls; dictionary columns count as
-their value type. A file whose schema cannot be unified with the dataset's is quarantined with the column
-and both types. Once a cache holds data its schema only takes files that fit it (no widening later).
+their value type; an extension type (uuid, json...) with its own storage type becomes the storage type. A file
+whose schema cannot be unified with the dataset's is quarantined with the column and both types. Once a cache
+holds data its schema only takes files that fit it (no widening later).
 """
 
 from __future__ import annotations
@@ -34,8 +35,41 @@ def normalize(schema: pa.Schema, columns: Sequence[str] | None = None) -> pa.Sch
     return pa.schema(fields, metadata=schema.metadata)
 
 
+def storage_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with every extension type in it, at any depth, as its storage type."""
+    if isinstance(t, pa.BaseExtensionType):
+        return storage_type(t.storage_type)
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(storage_type(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(storage_type(t.key_type)),
+                       t.item_field.with_type(storage_type(t.item_type)), t.keys_sorted)
+    makers = {pa.types.is_fixed_size_list: lambda f: pa.list_(f, t.list_size), pa.types.is_list: pa.list_,
+              pa.types.is_large_list: pa.large_list, pa.types.is_list_view: pa.list_view,
+              pa.types.is_large_list_view: pa.large_list_view}
+    for test, make in makers.items():
+        if test(t):
+            return make(t.value_field.with_type(storage_type(t.value_type)))
+    return t
+
+
+def _agree(a: pa.Schema, b: pa.Schema) -> tuple[pa.Schema, pa.Schema]:
+    """``a`` and ``b`` with a column that is an extension type in one and its storage type in the other as the
+    storage type in both (pyarrow reads a DuckDB UUID column as arrow.uuid; a file of the same column written as
+    fixed_size_binary(16), or a cache that began before the daemon read UUIDs so, has the storage type)."""
+    plain = {}
+    for f in b:
+        i = a.get_field_index(f.name)
+        if i >= 0 and a.field(i).type != f.type and storage_type(a.field(i).type) == storage_type(f.type):
+            plain[f.name] = storage_type(f.type)
+
+    def fix(s: pa.Schema) -> pa.Schema:
+        return pa.schema([f.with_type(plain[f.name]) if f.name in plain else f for f in s], metadata=s.metadata)
+    return (fix(a), fix(b)) if plain else (a, b)
+
+
 def _merge(a: pa.Schema, b: pa.Schema) -> pa.Schema:
-    return pa.unify_schemas([a, b], promote_options="permissive")
+    return pa.unify_schemas(list(_agree(a, b)), promote_options="permissive")
 
 
 def _conflict(current: pa.Schema, file_schema: pa.Schema, err: Exception) -> SchemaConflict:

@@ -26,6 +26,13 @@ MAGIC = b"PAR1"
 NO_RANGES = "this server does not support HTTP Range requests"
 
 
+def arrow_schema(md: pq.FileMetaData) -> pa.Schema:
+    """The Arrow schema a file's row groups are read with. ``md.schema.to_arrow_schema()`` is not it: it gives a
+    Parquet UUID / JSON column as fixed_size_binary(16) / string, where pyarrow's readers give arrow.uuid /
+    arrow.json. A ParquetFile given the footer reads no byte of its (empty) source."""
+    return pq.ParquetFile(pa.BufferReader(b""), metadata=md).schema_arrow
+
+
 def count_fetched(f: Any, count: Callable[[int], None]) -> Any:
     """Have ``count(n)`` called with the bytes the open fsspec file ``f`` really fetches: a buffered remote
     file's block fetches (read-ahead included), else the bytes of each read."""
@@ -49,13 +56,6 @@ def count_fetched(f: Any, count: Callable[[int], None]) -> Any:
         return out  # type: ignore[no-any-return]
     f.read = counted_read
     return f
-
-
-def skipped_files(others: Sequence[str], root: str, shown: int = 5) -> str:
-    """``N other file(s) skipped: a, b, ...``: the files a listing found that are not Parquet, named relative to
-    the source's root (and masked), the first ``shown`` of them."""
-    names = [redact(p[len(root):].lstrip("/") if p.startswith(root) else p) for p in others[:shown]]
-    return f"{len(others)} other file(s) skipped: {', '.join(names)}" + (", ..." if len(others) > shown else "")
 
 
 class RemoteError(Exception):
@@ -99,7 +99,6 @@ class FsspecRemote:
         self._count_lock = threading.Lock()
         self.signatures: dict[str, str] = {}  # path -> size and ETag/mtime, as of the last listing
         self.sizes: dict[str, int] = {}  # path -> size, as of the last listing
-        self.others: list[str] = []  # files of the last listing that are not Parquet (by name): skipped
 
     def _count(self, n: int) -> None:
         with self._count_lock:
@@ -124,14 +123,11 @@ class FsspecRemote:
         except Exception as e:  # network, credentials, permissions: all surface the same way
             raise RemoteError(f"cannot list source {self.url!r}: {type(e).__name__}: {e}") from e
         files = sorted(p for p in found if p.lower().endswith(PARQUET_SUFFIXES))
-        self.others = sorted(p for p, i in found.items() if not p.lower().endswith(PARQUET_SUFFIXES)
-                             and not (isinstance(i, Mapping) and i.get("type") == "directory"))
         self.signatures = {p: signature(found[p]) for p in files if isinstance(found[p], Mapping)}
         self.sizes = {p: int(found[p]["size"]) for p in files
                       if isinstance(found[p], Mapping) and isinstance(found[p].get("size"), int)}
         if not files:
-            raise RemoteError(f"no Parquet files (*.parquet, *.parq, *.pq) under source {self.url!r}"
-                              + (f" ({skipped_files(self.others, self.root)})" if self.others else ""))
+            raise RemoteError(f"no Parquet files (*.parquet, *.parq, *.pq) under source {self.url!r}")
         return files
 
     def file_info(self, path: str) -> tuple[Footer, pa.Schema]:
@@ -140,7 +136,7 @@ class FsspecRemote:
         rgs = [md.row_group(i) for i in range(md.num_row_groups)]
         info = Footer(path=path, size=size, row_groups=tuple(rg.num_rows for rg in rgs),
                       row_group_bytes=tuple(rg.total_byte_size for rg in rgs), footer=md.serialized_size)
-        return info, md.schema.to_arrow_schema()
+        return info, arrow_schema(md)
 
     def _cat(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of ``path``: one ranged read, counted. Raises RangeUnsupported when more came

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -19,8 +20,9 @@ class _Irregular(Exception):
     """A block of a fixed/list column with null elements or ragged rows: it takes the nested layout."""
 
 
-def _plain(arr: Any) -> pa.Array:
-    """One Arrow array in its plain storage form (chunks combined, dictionaries decoded, views cast)."""
+def _plain(arr: Any, node: Mapping[str, Any] | None = None) -> pa.Array:
+    """One Arrow array in its plain storage form (chunks combined, dictionaries decoded, views cast). ``node``: the
+    type node it is stored as, which says whether a fixed_shape_tensor takes the fixed-size lists of its shape."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()  # one chunk: no copy
     while True:
@@ -28,7 +30,8 @@ def _plain(arr: Any) -> pa.Array:
         if pa.types.is_dictionary(t):
             arr = arr.dictionary_decode()
         elif isinstance(arr, pa.ExtensionArray) or isinstance(t, pa.BaseExtensionType):
-            arr = arr.storage
+            shaped = node is not None and t.extension_name == "arrow.fixed_shape_tensor" and _shaped(t.shape, node)
+            arr = _tensor_lists(arr, list(t.shape)) if shaped else arr.storage
         elif pa.types.is_string_view(t):
             arr = arr.cast(pa.large_string())
         elif pa.types.is_binary_view(t):
@@ -37,6 +40,30 @@ def _plain(arr: Any) -> pa.Array:
             arr = _unview(arr)
         else:
             return arr
+
+
+def _shaped(shape: list[int], node: Mapping[str, Any]) -> bool:
+    """Whether a schema stores a tensor of ``shape`` as fixed-size lists of that shape (a 0-d one as its value); a
+    schema inferred before tensors had their shape (one flat list) keeps their storage."""
+    for size in shape:
+        if node["t"] != "list" or node.get("size") != size:
+            return False
+        node = node["child"]
+    return bool(shape) or node["t"] != "list"
+
+
+def _tensor_lists(arr: pa.Array, shape: list[int]) -> pa.Array:
+    """A fixed_shape_tensor array as nested fixed-size lists of its shape, over its storage's values (no copy)."""
+    storage = arr.storage
+    n, k = len(storage), math.prod(shape)
+    values = storage.values.slice(storage.offset * k, n * k)
+    if not shape:  # a 0-d tensor: its one value
+        return pc.if_else(storage.is_valid(), values, pa.scalar(None, values.type)) if storage.null_count else values
+    for level in range(len(shape) - 1, 0, -1):  # innermost first; level i has n * prod(shape[:i]) lists
+        typ = pa.list_(values.type, shape[level])
+        values = pa.Array.from_buffers(typ, n * math.prod(shape[:level]), [None], children=[values])
+    valid = storage.is_valid().buffers()[1] if storage.null_count else None
+    return pa.Array.from_buffers(pa.list_(values.type, shape[0]), n, [valid], children=[values])
 
 
 def _unview(arr: pa.Array) -> pa.Array:
@@ -65,7 +92,8 @@ def _primitive(arr: pa.Array, dtype: str) -> np.ndarray:
             arr = arr.fill_null(0)
         return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64).view(dt)
     if arr.null_count:
-        arr = arr.fill_null(False if dtype == "|b1" else 0)
+        arr = arr.fill_null(False if pa.types.is_boolean(arr.type) else 0)
+    # a bool8 column's int8 storage becomes True where it is not 0, as its as_py() does
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
@@ -80,7 +108,7 @@ def nested_buffers(arr: Any, node: Mapping[str, Any], out: list[np.ndarray | Non
     t = node["t"]
     if t == "null":
         return out
-    arr = _plain(arr)
+    arr = _plain(arr, node)
     n = len(arr)
     out.append(_valid(arr))
     if t == "prim":
@@ -124,8 +152,10 @@ def _nested(arr: pa.Array, col: Column) -> ColumnData:
     starts = np.arange(n + 1, dtype=np.int64)
     dims: list[np.ndarray] = []
     cur = arr
+    node = col.type_node()
     for size in col.shape:
-        cur = _plain(cur)
+        cur = _plain(cur, node)
+        node = node["child"]
         if size >= 0:  # fixed_size_list: element j -> children [(offset + j) * size, ...)
             dims.append(np.full(n, size, dtype=np.int32))
             starts = (starts + cur.offset) * size
@@ -166,7 +196,7 @@ def _bytes_like(arr: pa.Array) -> ColumnData:
 
 def column_data(arr: Any, col: Column) -> ColumnData:
     """Encoder input for one column of a table slice."""
-    arr = _plain(arr)
+    arr = _plain(arr, col.type_node())
     if col.kind in ("string", "binary"):
         return _bytes_like(arr)
     if col.kind == "fixed" and not col.shape:
