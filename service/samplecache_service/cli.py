@@ -182,6 +182,13 @@ def human(n: float) -> str:
     return str(n)
 
 
+def _files_row(files: dict[str, Any] | None) -> str:
+    """``3 Parquet files, 2 other file(s) skipped: README.txt, data.csv`` (``-`` before the first listing)."""
+    if not files:
+        return "-"
+    return f"{files['parquet']} Parquet files" + (f", {files['skipped_text']}" if files["skipped"] else "")
+
+
 def format_status(s: dict[str, Any]) -> str:
     cov = s.get("coverage") or {}
     rows = [
@@ -198,6 +205,7 @@ def format_status(s: dict[str, Any]) -> str:
                    + (f", at most {human(s['pacing']['max_ingest_rate'])}/s" if s["pacing"]["max_ingest_rate"] else "")
                    + (f" ({s['pacing']['reason']})" if s["pacing"]["reason"] else "")),
         ("jobs", f"{s['jobs']} (GET /v1/jobs)"),
+        ("files", _files_row(s.get("files"))),
         ("coverage", f"{cov.get('units_sampled', 0)}/{cov.get('units', 0)} row groups, "
                      f"{100 * cov.get('row_fraction', 0):.1f}% of rows, pass {cov.get('cycle', 0)}" if cov else "-"),
         ("epochs sealed", f"{s['epochs_sealed']} (last {s['last_epoch']})"),

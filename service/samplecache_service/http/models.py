@@ -95,6 +95,13 @@ class Quarantined(BaseModel):
     at: float | None = None
 
 
+class FilesListed(BaseModel):
+    parquet: int = Field(description="Parquet files (*.parquet, *.parq, *.pq) the last listing of the source found")
+    skipped: int = Field(description="Other files it found and skipped (README.txt, data.csv, _SUCCESS)")
+    skipped_text: str = Field(description="The skipped files in words: how many, and the first few by name")
+    listed_at: float = Field(description="When the source was last listed (Unix time)")
+
+
 class Status(BaseModel):
     version: str
     uptime_s: float
@@ -126,6 +133,8 @@ class Status(BaseModel):
     lmdb: dict[str, int] = Field(description="LMDB file size on disk, pages in use, map size")
     quarantined: list[Quarantined]
     skipped_columns: dict[str, str] = Field(default_factory=dict, description="Source columns left out, and why")
+    files: FilesListed | None = Field(None, description="What the last listing of the source found: Parquet files "
+                                      "and the other files skipped (null before the first listing)")
     coverage: dict[str, Any] | None
     settings: dict[str, Any] = Field(description="Settings in use (run-time ones as changed by PATCH /v1/config or a "
                                      "reload; secrets left out)")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -21,7 +23,7 @@ from samplecache_service.remote.schemas import (
     to_text,
     unify,
 )
-from samplecache_service.remote.stores import ErrorKind, RemoteError, RemoteStore, classify_error
+from samplecache_service.remote.stores import ErrorKind, RemoteError, RemoteStore, classify_error, skipped_files
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.writer import Writer
@@ -42,6 +44,10 @@ class Discovery:
         text = catalog.meta("arrow_schema_ipc")
         self.target: pa.Schema | None = from_text(text) if text else None  # the dataset's Arrow schema
         self._target_text: tuple[pa.Schema, str] | None = None
+        # the last listing: its Parquet files, and the other files it skipped (README.txt, _SUCCESS, data.csv)
+        self.parquet_files = 0
+        self.others: list[str] = []
+        self.listed_at: float | None = None
         self.pinned = load_schema_file(schema_file) if schema_file else None
         if self.pinned is not None:
             lacking = [c for c in columns or () if c not in self.pinned.names]
@@ -61,14 +67,29 @@ class Discovery:
             self._target_text = (self.target, to_text(self.target))
         return self._target_text[1]
 
+    def listing(self) -> dict[str, Any] | None:
+        """What the last listing found, for /v1/status (None before the first one)."""
+        if self.listed_at is None:
+            return None
+        root = str(getattr(self.remote, "root", ""))
+        return {"parquet": self.parquet_files, "skipped": len(self.others), "listed_at": self.listed_at,
+                "skipped_text": skipped_files(self.others, root) if self.others else ""}
+
     def run(self) -> list[str]:
         """List the source; record the new files (units or quarantine), and look again at quarantined files that
         changed (size/ETag/mtime) or were released by hand. Returns the paths whose units are new."""
         paths = self.remote.list_files()
+        others = list(getattr(self.remote, "others", []) or [])
         sigs: dict[str, str] = getattr(self.remote, "signatures", {}) or {}
         # before the dataset has a schema, every file is looked at again (a failed start decided nothing)
         known = self.catalog.files() if self.schema is not None else {}
         new = [p for p in paths if p not in known]
+        if new or others != self.others:  # once per change: files that are not Parquet are skipped, and said so
+            root = str(getattr(self.remote, "root", ""))
+            log.info("source %s: %d Parquet file(s), %d new; %s", self.remote.url, len(paths), len(new),
+                     skipped_files(others, root) if others else "no other files",
+                     extra={"event": "files_discovered", "path": self.remote.url})
+        self.parquet_files, self.others, self.listed_at = len(paths), others, time.time()
         # known files looked at again: a quarantined one released by hand, and any one that changed (replaced in
         # place: its footer, size and units are read anew, so that no sampler reads it at its old size)
         again = [p for p in paths if p in known and (known[p].quarantined and known[p].recheck or (
@@ -105,9 +126,6 @@ class Discovery:
             reasons = sorted({i.reason for i in found.values() if i.quarantined})
             raise RemoteError(f"no readable Parquet file under source {self.remote.url!r}"
                               + (": " + "; ".join(reasons[:3]) if reasons else ""))
-        if new:
-            log.info("source %s: %d new file(s)", self.remote.url, len(new),
-                     extra={"event": "files_discovered", "path": self.remote.url})
         return sorted(p for p in fresh if not found[p].quarantined or p in new)
 
     def _footer(self, path: str) -> tuple[str, FileInfo, pa.Schema | None] | None:

@@ -58,6 +58,13 @@ def count_fetched(f: Any, count: Callable[[int], None]) -> Any:
     return f
 
 
+def skipped_files(others: Sequence[str], root: str, shown: int = 5) -> str:
+    """``N other file(s) skipped: a, b, ...``: the files a listing found that are not Parquet, named relative to
+    the source's root (and masked), the first ``shown`` of them."""
+    names = [redact(p[len(root):].lstrip("/") if p.startswith(root) else p) for p in others[:shown]]
+    return f"{len(others)} other file(s) skipped: {', '.join(names)}" + (", ..." if len(others) > shown else "")
+
+
 class RemoteError(Exception):
     """The remote cannot be listed or opened (bad URL, unreachable, no Parquet files)."""
 
@@ -99,6 +106,7 @@ class FsspecRemote:
         self._count_lock = threading.Lock()
         self.signatures: dict[str, str] = {}  # path -> size and ETag/mtime, as of the last listing
         self.sizes: dict[str, int] = {}  # path -> size, as of the last listing
+        self.others: list[str] = []  # files of the last listing that are not Parquet (by name): skipped
 
     def _count(self, n: int) -> None:
         with self._count_lock:
@@ -123,11 +131,14 @@ class FsspecRemote:
         except Exception as e:  # network, credentials, permissions: all surface the same way
             raise RemoteError(f"cannot list source {self.url!r}: {type(e).__name__}: {e}") from e
         files = sorted(p for p in found if p.lower().endswith(PARQUET_SUFFIXES))
+        self.others = sorted(p for p, i in found.items() if not p.lower().endswith(PARQUET_SUFFIXES)
+                             and not (isinstance(i, Mapping) and i.get("type") == "directory"))
         self.signatures = {p: signature(found[p]) for p in files if isinstance(found[p], Mapping)}
         self.sizes = {p: int(found[p]["size"]) for p in files
                       if isinstance(found[p], Mapping) and isinstance(found[p].get("size"), int)}
         if not files:
-            raise RemoteError(f"no Parquet files (*.parquet, *.parq, *.pq) under source {self.url!r}")
+            raise RemoteError(f"no Parquet files (*.parquet, *.parq, *.pq) under source {self.url!r}"
+                              + (f" ({skipped_files(self.others, self.root)})" if self.others else ""))
         return files
 
     def file_info(self, path: str) -> tuple[Footer, pa.Schema]:
