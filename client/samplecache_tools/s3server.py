@@ -46,18 +46,24 @@ def _ephemeral_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _free_port_pairs(n: int) -> list[int]:
-    """n distinct ports P with both P and P + 10000 free on 127.0.0.1."""
+def _free_port_pairs(n: int, taken: frozenset[int] = frozenset()) -> list[int]:
+    """n distinct ports P with both P and P + 10000 free on 127.0.0.1 (and neither of them a pair of ``taken``)."""
     rnd, chosen = random.SystemRandom(), set[int]()
     for _ in range(10000):
         p = rnd.randint(_PORT_LO, _PORT_HI)
-        if p in chosen or p + _GRPC_OFFSET in chosen or any(abs(p - c) == _GRPC_OFFSET for c in chosen):
+        if p in chosen | taken or p + _GRPC_OFFSET in chosen | taken or any(
+                abs(p - c) == _GRPC_OFFSET for c in chosen | taken):
             continue
         if _port_free(p) and _port_free(p + _GRPC_OFFSET):
             chosen.add(p)
             if len(chosen) == n:
                 return sorted(chosen)
     raise RuntimeError("could not find free port pairs on 127.0.0.1")
+
+
+def port_pair_free(port: int) -> bool:
+    """Whether SeaweedFS can take ``port`` for a component: it and its gRPC port (``port`` + 10000) are free."""
+    return 0 < port < 65536 - _GRPC_OFFSET and _port_free(port) and _port_free(port + _GRPC_OFFSET)
 
 
 def find_weed() -> str:
@@ -76,13 +82,14 @@ class S3Server:
 
     def __init__(self, data_dir: str | os.PathLike[str], backend: str = "seaweedfs", *,
                  key: str = "samplecache-test-key", secret: str = "samplecache-test-secret",
-                 startup_timeout: float = 60.0, weed: str | None = None) -> None:
+                 startup_timeout: float = 60.0, weed: str | None = None, s3_port: int | None = None) -> None:
+        """``s3_port``: the S3 port (seaweedfs; its gRPC port is ``s3_port`` + 10000); default a free one."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
         self.data_dir = Path(data_dir).resolve()
         self.backend, self.key, self.secret = backend, key, secret
         self.startup_timeout = startup_timeout
-        self.weed = weed
+        self.weed, self.s3_port = weed, s3_port
         self.log_path = self.data_dir / f"{backend}.log"
         self.ports: dict[str, int] = {}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -195,10 +202,13 @@ class S3Server:
     # ----------------------------------------------------------------- internals
     def _command(self) -> list[str]:
         if self.backend == "moto":
-            self.ports = {"s3": _ephemeral_port()}
+            self.ports = {"s3": self.s3_port or _ephemeral_port()}
             return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
-        pairs = _free_port_pairs(len(_WEED_COMPONENTS))
-        self.ports = dict(zip(_WEED_COMPONENTS, pairs))
+        fixed = frozenset({self.s3_port} if self.s3_port else ())  # "s3" comes first in _WEED_COMPONENTS
+        pairs = _free_port_pairs(len(_WEED_COMPONENTS) - len(fixed), fixed)
+        self.ports = dict(zip(_WEED_COMPONENTS[len(fixed):], pairs))
+        if self.s3_port:
+            self.ports["s3"] = self.s3_port
         self.ports["debug"] = _ephemeral_port()  # only opened with -debug; set so nothing defaults to 6060
         # -logdir (a global flag, before the command): glog files go to the server's own dir, not /tmp
         cmd = [self.weed or find_weed(), f"-logdir={self.data_dir}", "mini", f"-dir={self.data_dir}",

@@ -1,4 +1,4 @@
-"""The ``samplecache`` command: serve, status, demo, bench, verify."""
+"""The ``samplecache`` command: serve, config, status, demo, bench, verify, dev-s3."""
 
 from __future__ import annotations
 
@@ -245,6 +245,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                      max_samples=args.max_samples or None)
 
 
+def cmd_dev_s3(args: argparse.Namespace) -> int:
+    from samplecache_tools.devs3 import run_dev_s3  # SeaweedFS and s3fs: the dev-s3 extra
+
+    return run_dev_s3(args.dir, args.upload, bucket=args.bucket, port=args.port)
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from samplecache_service.config.file import ConfigError, load
     from samplecache_service.store.verify import run_verify
@@ -325,6 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-size", type=int, default=256)
     b.add_argument("--passes", type=int, default=2, help="warm passes per setting (after one warm-up)")
     b.add_argument("--max-samples", type=int, default=200_000, help="samples per pass at most (0: the whole epoch)")
+    ds = sub.add_parser("dev-s3", help="run a local S3 (SeaweedFS on 127.0.0.1) to try samplecache on, and upload "
+                        "a Parquet dir to it", description="Start SeaweedFS's S3 on 127.0.0.1:PORT with its data and "
+                        "log in DIR, make a bucket, upload --upload's files, print the daemon's command, and serve "
+                        "until Ctrl-C. Needs the dev-s3 extra (pip install 'samplecache[dev-s3]').")
+    ds.add_argument("--dir", required=True, help="the server's data, log and sockets (kept; reused by a restart)")
+    ds.add_argument("--upload", default=None, metavar="PATH",
+                    help="a Parquet dir (or file) to upload to s3://BUCKET/<its name>/")
+    ds.add_argument("--bucket", default="samplecache", help="bucket to make (default samplecache)")
+    ds.add_argument("--port", type=int, default=8333, help="S3 port (default 8333; its gRPC port is PORT+10000)")
     v = sub.add_parser("verify", help="check every block of the cache against its checksum (beside a live daemon "
                        "too); exit 0 clean, 1 damaged, 2 no cache to check")
     v.add_argument("--cache-dir", default=None, help="the daemon's --cache-dir (default: SAMPLECACHE_CACHE_DIR or "
@@ -339,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"serve": cmd_serve, "config": cmd_config, "status": cmd_status, "demo": cmd_demo, "bench": cmd_bench,
-               "verify": cmd_verify}[args.command]
+               "verify": cmd_verify, "dev-s3": cmd_dev_s3}[args.command]
     try:
         code = int(handler(args) or 0)
         sys.stdout.flush()

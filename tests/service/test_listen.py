@@ -19,7 +19,7 @@ from samplecache_service.http.listen import PORT_IN_USE, listen_problem
 README = REPO / "README.md"
 COMMANDS = [REPO / "service" / "samplecache_service" / "cli.py",
             REPO / "service" / "samplecache_service" / "store" / "verify.py",
-            REPO / "client" / "samplecache_tools" / "demo.py"]
+            REPO / "client" / "samplecache_tools" / "demo.py", REPO / "client" / "samplecache_tools" / "devs3.py"]
 
 
 def _held() -> socket.socket:
