@@ -236,6 +236,8 @@ class ShardOut(BaseModel):
     row_groups: int = Field(1, description="Consecutive row groups of the unit, from row_group")
     first_row: int = Field(-1, description="Row of the file that is the shard's sample 0 "
                            "(sample j is row first_row + j)")
+    partitions: dict[str, str | None] = Field(default_factory=dict, description="The file's partition values "
+                                              "(Hive folders or the table's log), as text; null: a null value")
     rows: int
     bytes: int
     created: float

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from samplecache.format.record import Schema
 from samplecache_service.remote.columns import UnsupportedColumn, infer_schema
+from samplecache_service.remote.partitions import check_values, partition_types, with_partitions
 from samplecache_service.remote.planner import plan_units
 from samplecache_service.remote.schemas import (
     SchemaConflict,
@@ -136,7 +137,7 @@ class Discovery:
             units = plan_units(footer.row_groups, footer.row_group_bytes, self.unit_bytes)
             return path, FileInfo(row_groups=footer.row_groups, row_group_bytes=footer.row_group_bytes,
                                   units=tuple((g, c, n) for g, c, n in units), size=footer.size,
-                                  footer=footer.footer), schema
+                                  footer=footer.footer, partitions=self.remote.partitions(path)), schema
         except Exception as e:
             kind = classify_error(e)
             if kind == ErrorKind.UNREACHABLE:
@@ -157,13 +158,17 @@ class Discovery:
         target = fixed
         names: dict[str, None] = {}  # the files' own columns (normalize keeps only the wanted ones), for errors
         fitting = 0  # files that fit: a pinned schema that no file fits is not adopted (the start fails)
+        types = self._partition_types(footers, fixed)
         for path, info, schema in footers:
             found[path] = info
             if schema is None:
                 continue
-            names.update(dict.fromkeys(schema.names))
-            norm = normalize(schema, self.columns)
+            names.update(dict.fromkeys(schema.names + list(info.partitions)))
+            norm = with_partitions(normalize(schema, self.columns), info.partitions, types, self.columns)
             try:
+                bad = check_values(info.partitions, types)
+                if bad is not None:
+                    raise SchemaConflict(bad)
                 if fixed is not None:
                     check_fits(fixed, norm, "the cache's schema" if self.target is not None else "--schema-file")
                 else:
@@ -184,3 +189,12 @@ class Discovery:
             for name, why in skipped.items():
                 log.warning("column %r is left out: %s", name, why, extra={"event": "column_skipped"})
         return found
+
+    def _partition_types(self, footers: list[tuple[str, FileInfo, pa.Schema | None]],
+                         fixed: pa.Schema | None) -> dict[str, pa.DataType]:
+        """Partition columns' types: as the cache's or the pinned schema has them, else as the table's own schema
+        (Delta) says, else inferred over the values of every file the source has (as pyarrow.dataset infers them
+        over a whole dataset)."""
+        given = fixed if fixed is not None else getattr(self.remote, "partition_schema", None)
+        known = [i.partitions for i in self.catalog.files().values() if not i.quarantined]
+        return partition_types(known + [i.partitions for _, i, s in footers if s is not None], given)

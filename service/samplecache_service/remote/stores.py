@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from samplecache_service.config.redact import redact
+from samplecache_service.remote.partitions import hive_values
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 OPEN_BLOCK_SIZE = 1 << 20  # s3fs defaults to 50 MiB: a footer read would fetch far too much
@@ -90,6 +91,7 @@ class RemoteStore(Protocol):
     def list_files(self) -> list[str]: ...
     def file_info(self, path: str) -> tuple[Footer, pa.Schema]: ...
     def read_row_group(self, path: str, row_group: int, columns: Sequence[str] | None) -> pa.Table: ...
+    def partitions(self, path: str) -> dict[str, str | None]: ...
 
 
 class FsspecRemote:
@@ -140,6 +142,10 @@ class FsspecRemote:
             raise RemoteError(f"no Parquet files (*.parquet, *.parq, *.pq) under source {self.url!r}"
                               + (f" ({skipped_files(self.others, self.root)})" if self.others else ""))
         return files
+
+    def partitions(self, path: str) -> dict[str, str | None]:
+        """The file's partition values, from its Hive folders (``lang=en/``) below the source's root."""
+        return hive_values(path, self.root)
 
     def file_info(self, path: str) -> tuple[Footer, pa.Schema]:
         size = self.sizes.get(path) or int(self.fs.size(path))

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from samplecache.format.record import Schema
+from samplecache_service.remote.partitions import add_partitions
 from samplecache_service.remote.schemas import SchemaConflict, conform, from_text
 from samplecache_service.remote.stores import ErrorKind, FsspecRemote, chunk_bytes, classify_error
 from samplecache_service.sampling.encoder import encode_table_pieces
@@ -41,6 +42,8 @@ class SampleTask:
     arrow_schema: str | None = None  # the dataset's unified Arrow schema (schemas.to_text)
     file_size: int = 0             # the file's size and its footer's length, from discovery (0: not known):
     footer_bytes: int = 0          # the footer is then read in one exact ranged read, with no HEAD request
+    # the file's partition values (column -> text, None: null): constant columns of every row it gives
+    partitions: dict[str, str | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -96,6 +99,8 @@ def run_task(task: SampleTask) -> SampleResult:
                                       task.file_size, task.footer_bytes):
             if pending is not None:
                 parts.append(_stage(task, pending, schema, first_row + rows - pending.num_rows, len(parts), False))
+            if task.partitions:
+                table = add_partitions(table, task.partitions, target)
             if target is not None:
                 try:
                     table = conform(table, target)
@@ -131,6 +136,6 @@ def _stage(task: SampleTask, table: pa.Table, schema: Schema, first_row: int, pa
     key = task.key if part == 0 and final else f"{task.key}-p{part}"
     header = {"key": key, "path": task.path, "row_group": task.row_group, "row_groups": task.row_groups,
               "first_row": first_row, "part": part, "final": final, "unit": task.unit, "cycle": task.cycle,
-              "rows": table.num_rows, "rows_per_block": rows_per_block}
+              "rows": table.num_rows, "rows_per_block": rows_per_block, "partitions": task.partitions}
     staged = write_staged(Path(task.staging_dir), key, header, blocks)
     return str(staged), sum(block_length(b) for b in blocks)

@@ -293,7 +293,7 @@ class Scheduler:
             staging_dir=str(self.settings.staging_dir), block_bytes=int(self.settings.block_bytes),
             unit=pick.position, cycle=pick.cycle, row_groups=pick.unit.row_groups,
             part_bytes=self.settings.part_bytes, arrow_schema=self.discovery.target_text() if self.discovery else None,
-            file_size=info.size or 0, footer_bytes=info.footer or 0))
+            file_size=info.size or 0, footer_bytes=info.footer or 0, partitions=dict(info.partitions)))
         return True
 
     def _finish(self, pick: Pick | Slot) -> None:

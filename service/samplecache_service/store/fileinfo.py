@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 # [first row group, row groups, rows] per unit (remote.planner.plan_units)
@@ -30,6 +30,8 @@ class FileInfo:
     kind: str = "corrupt"  # remote.stores.ErrorKind: corrupt | schema
     at: float | None = None  # when it was quarantined (time.time())
     recheck: bool = False  # released by hand: read again at the next listing
+    # partition column -> value as text (None: null), from its Hive folders or its table's log; empty: none
+    partitions: dict[str, str | None] = field(default_factory=dict)
 
     def quarantine(self, reason: str, kind: str = "corrupt") -> FileInfo:
         """This file quarantined: its units are skipped until it changes (size, ETag or mtime) or it is
@@ -56,6 +58,8 @@ class FileInfo:
             out.update(quarantined=True, reason=self.reason, kind=self.kind, at=self.at)
         if self.recheck:
             out["recheck"] = True
+        if self.partitions:
+            out["partitions"] = dict(self.partitions)
         return out
 
     @classmethod
@@ -75,6 +79,10 @@ def _ints(v: Any) -> tuple[int, ...]:
     return tuple(int(n) for n in v)
 
 
+def _partitions(v: Any) -> dict[str, str | None]:
+    return {str(k): None if x is None else str(x) for k, x in v.items()}
+
+
 def _units(v: Any) -> tuple[PlannedUnit, ...]:
     return tuple((int(g), int(c), int(n)) for g, c, n in v)
 
@@ -82,4 +90,5 @@ def _units(v: Any) -> tuple[PlannedUnit, ...]:
 # how each stored key is read; a key not named here (none was ever written) is left out
 READ: dict[str, Callable[[Any], Any]] = {
     "row_groups": _ints, "row_group_bytes": _ints, "units": _units, "size": int, "footer": int, "signature": str,
-    "seq": int, "quarantined": bool, "reason": str, "kind": str, "at": float, "recheck": bool}
+    "seq": int, "quarantined": bool, "reason": str, "kind": str, "at": float, "recheck": bool,
+    "partitions": _partitions}

@@ -28,6 +28,7 @@ async def shards(d: DaemonDep, offset: Annotated[int, Query(ge=0, le=MAX_NUMBER)
     return {"total": len(all_shards), "offset": offset, "limit": limit,
             "shards": [{"id": s.id, "path": redact(s.path), "row_group": s.row_group, "row_groups": s.row_groups,
                         "first_row": s.first_row, "rows": s.rows, "bytes": s.bytes,
+                        "partitions": d.catalog.file(s.path).partitions,
                         "created": s.created, "last_used_epoch": s.last_used_epoch, "pinned": s.id in pinned}
                        for s in page]}
 
