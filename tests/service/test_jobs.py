@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from samplecache_service.epochs.jobs import JobTable
+from samplecache_service.epochs.jobs import PIN_GRACE_S, JobTable
 from samplecache_service.errors import Conflict, NotFound, ServiceError
 
 
@@ -80,11 +80,14 @@ def test_reads_of_ended_leases_add_up_per_job_epoch(table: JobTable) -> None:
     assert table.job("train").read == {0: 150, 1: 7}
 
 
-def test_new_mappings_pin_their_epoch_for_the_ttl(table: JobTable, clock: Clock) -> None:
+def test_a_new_mapping_pins_its_epoch_until_its_first_lease_or_a_short_grace(table: JobTable, clock: Clock) -> None:
     table.attach("train", "aaaa1111")
     table.map_epoch("train", 0, 4)
-    assert table.recently_mapped() == {4}
-    clock.now += 61
+    table.map_epoch("train", 1, 5)
+    assert table.recently_mapped() == {4, 5}
+    table.lease_taken("train", 0)  # its reader's lease pins epoch 4 now; the mapping no longer does
+    assert table.recently_mapped() == {5}
+    clock.now += PIN_GRACE_S  # never leased: the pin ends after the grace, not the lease TTL (60 s here)
     assert table.recently_mapped() == set()
 
 

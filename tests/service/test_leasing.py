@@ -5,12 +5,13 @@ remote traffic, which only a bounded number of epochs without a reader get."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from samplecache_service.epochs.jobs import JobTable
+from samplecache_service.epochs.jobs import PIN_GRACE_S, JobTable
 from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.epochs.leasing import Leasing
 from samplecache_service.epochs.manager import UNREAD_GRANTS, EpochManager, EpochRules, build_manifest
@@ -113,3 +114,17 @@ def test_a_lease_spends_its_epochs_grant(cache: Cache) -> None:
     assert not cache.epochs.grant(UNREAD_GRANTS)
     cache.leasing.take(0).result(timeout=10)  # a reader of epoch 0
     assert cache.epochs.grant(UNREAD_GRANTS) and granted[-1] == UNREAD_GRANTS
+
+
+def test_a_new_epoch_is_pinned_until_its_first_lease_and_a_release_unpins_it_at_once(cache: Cache) -> None:
+    cache.seal(0)
+    cache.epochs._fresh[0] = time.monotonic()  # as _seal does
+    cache.seal(1)
+    cache.epochs._fresh[1] = time.monotonic()
+    assert cache.epochs.pinned_epochs() == {0, 1}  # just sealed: pinned while their readers start
+    lease = cache.leasing.take(0).result(timeout=10)
+    assert cache.epochs.pinned_epochs() == {0, 1}  # 0 by its lease now
+    cache.leasing.release(0, lease.id)
+    assert cache.epochs.pinned_epochs() == {1}, "a released lease unpins at once: no TTL-long pin is left"
+    cache.epochs._fresh[1] -= PIN_GRACE_S  # never leased: the grace ran out
+    assert cache.epochs.pinned_epochs() == set()

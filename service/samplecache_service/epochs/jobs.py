@@ -34,6 +34,9 @@ RUN_PATTERN = r"^[0-9a-f]{8,32}$"
 JOBS_KEPT = 200  # expired jobs beyond this are forgotten, oldest first
 EPOCHS_KEPT = 100  # per job: older epoch mappings are forgotten
 SUPERSEDED_KEPT = 16
+# How long a new epoch (a job's mapping, a fresh seal) pins its shards before its first lease: the gap between a
+# reader getting the manifest and leasing it (a DataLoader worker starting). Capped by the lease TTL.
+PIN_GRACE_S = 10.0
 
 
 @dataclass
@@ -45,7 +48,8 @@ class Job:
     start_epoch: int = 0  # the first job epoch of the current run
     runs: int = 1  # runs that have attached under this name
     epochs: dict[int, int] = field(default_factory=dict)  # job epoch -> daemon epoch
-    mapped_at: dict[int, float] = field(default_factory=dict)  # job epoch -> when it was mapped
+    # job epoch -> when it was mapped, until a lease on it is taken (the mapping's own pin: see recently_mapped)
+    mapped_at: dict[int, float] = field(default_factory=dict)
     read: dict[int, int] = field(default_factory=dict)  # job epoch -> samples read by ended leases
     superseded: list[str] = field(default_factory=list)  # earlier runs, which may no longer read
     expired: bool = False
@@ -169,12 +173,22 @@ class JobTable:
             if job is not None:
                 job.read[job_epoch] = job.read.get(job_epoch, 0) + samples
 
+    def lease_taken(self, name: str, job_epoch: int) -> None:
+        """A reader of the job's epoch took its lease: the lease pins the epoch now, the mapping no longer."""
+        with self._lock:
+            job = self._jobs.get(name)
+            if job is not None:
+                job.mapped_at.pop(job_epoch, None)
+
     def recently_mapped(self) -> set[int]:
-        """Daemon epochs a live job mapped within the TTL: pinned while its readers take their leases."""
+        """Daemon epochs a live job mapped within the last PIN_GRACE_S (at most the TTL) and no reader has leased
+        yet: pinned while its readers start and take their leases. Pins follow readers: once leased, the leases
+        pin it, and their release unpins it at once (a mapping does not hold the cache for a TTL)."""
         now = self.clock()
+        grace = min(self.ttl, PIN_GRACE_S)
         with self._lock:
             return {job.epochs[e] for job in self._jobs.values() if not job.expired
-                    for e, t in job.mapped_at.items() if now - t < self.ttl and e in job.epochs}
+                    for e, t in job.mapped_at.items() if now - t < grace and e in job.epochs}
 
     def mapped(self) -> set[int]:
         """Daemon epochs the jobs that have not expired map their epochs to (kept while they may resume)."""

@@ -75,6 +75,8 @@ class Leasing:
                                          f"evicted (it had no live lease); read a newer epoch"))
                 return
             self.epochs.read_started(epoch)
+            if job is not None and job_epoch is not None:
+                self.jobs.lease_taken(job, job_epoch)
             # queued on the writer; the reader does not wait for the disk
             self.writer.put_leases({lease.id: lease.to_json()})
             taken.set_result(lease)

@@ -1,8 +1,8 @@
 """Epochs: seal epoch N's manifest on first request; every later caller gets the same bytes.
 
-Also the pins: every shard named by an epoch with a live lease, or by the latest
-epoch while it is younger than the lease TTL (the gap between a reader fetching
-a manifest and taking its lease), must not be evicted.
+Also the pins, which follow readers: every shard named by an epoch with a live lease must not be evicted, nor
+one named by a new epoch (just sealed, or just mapped by a job) before its first lease, for at most PIN_GRACE_S
+(the gap between a reader getting a manifest and taking its lease). A released lease unpins at once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from samplecache.format.manifest import Manifest
-from samplecache_service.epochs.jobs import JobTable
+from samplecache_service.epochs.jobs import PIN_GRACE_S, JobTable
 from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.errors import Conflict, Gone, NotReady
 from samplecache_service.store.budget import Budget
@@ -89,6 +89,7 @@ class EpochManager:
         self.not_ready = not_ready
         self._unread: dict[int, float] = {}  # epochs that were granted a share and have no lease yet -> when
         self._unread_lock = threading.Lock()  # leases are settled on the writer thread
+        self._fresh: dict[int, float] = {}  # epochs sealed and not leased yet -> when (their own short pin)
         self._lock = asyncio.Lock()
         self._ids: dict[int, frozenset[int]] = {}
         self._sealed_from: dict[int, tuple[Any, ...]] = {}  # the latest uncapped epoch -> what it was made from
@@ -101,8 +102,11 @@ class EpochManager:
         """What a new epoch may name: the resident shards, less what the eviction policy would drop to keep
         ``headroom`` of the budget free. While an epoch is leased its shards cannot be evicted, so this headroom
         is where new shards go until the next epoch; without it a full, leased cache could never take in new
-        data."""
-        shards = self.catalog.shards()
+        data. Shards of a file no longer live in its table are never named, even while a lease keeps them."""
+        files = self.catalog.files()
+        shards = [s for s in self.catalog.shards() if not (s.path in files and files[s.path].removed)]
+        if not shards:
+            return []
         keep = int(self.budget.max_bytes * (1.0 - self.rules.headroom))
         drop = set(plan_eviction(shards, (), keep, 0, self.budget.policy, self.rules.seed).evict)
         return [s for s in shards if s.id not in drop] or shards[-1:]
@@ -127,10 +131,10 @@ class EpochManager:
     def pinned_epochs(self) -> set[int]:
         sealed = set(self.catalog.epochs())
         pinned = {e for e in self.leases.epochs() | self.jobs.recently_mapped() if e in sealed}
-        last = self.last_sealed()
-        sealed_at = self.catalog.summary(last).get("sealed_at", 0)
-        if last >= 0 and time.time() - sealed_at < self.leases.default_ttl:
-            pinned.add(last)
+        grace = min(self.leases.default_ttl, PIN_GRACE_S)
+        now = time.monotonic()
+        with self._unread_lock:
+            pinned |= {e for e, t in self._fresh.items() if now - t < grace and e in sealed}
         return pinned
 
     def pinned_shards(self) -> set[int]:
@@ -171,8 +175,8 @@ class EpochManager:
 
     def _made_from(self) -> tuple[Any, ...]:
         """What an uncapped epoch sealed now would be made from: the resident shards and the settings that
-        decide which of them it names."""
-        return (self.catalog.shards_version, self.budget.max_bytes, self.budget.policy)
+        decide which of them it names (and the files: one that left its table takes its shards out)."""
+        return (self.catalog.shards_version, self.catalog.files_version, self.budget.max_bytes, self.budget.policy)
 
     def grant(self, epoch: int) -> bool:
         """Grant new ``epoch`` its share of replacement, unless UNREAD_GRANTS epochs granted within the lease TTL
@@ -191,10 +195,18 @@ class EpochManager:
         self.on_new_epoch(epoch)
         return True
 
+    def _mark_fresh(self, epoch: int) -> None:
+        """``epoch`` is pinned until its first lease, for PIN_GRACE_S at most (pinned_epochs)."""
+        with self._unread_lock:
+            now = time.monotonic()
+            self._fresh = {e: t for e, t in self._fresh.items() if now - t < PIN_GRACE_S}
+            self._fresh[epoch] = now
+
     def read_started(self, epoch: int) -> None:
-        """A reader leased ``epoch``: its grant is spent on a reader."""
+        """A reader leased ``epoch``: its grant is spent on a reader, and its lease pins it from now on."""
         with self._unread_lock:
             self._unread.pop(epoch, None)
+            self._fresh.pop(epoch, None)
 
     async def _seal(self, epoch: int, cap: int, grant: bool) -> bytes:
         """Seal ``epoch`` (the next one) from the shards resident now. The caller holds ``_lock``."""
@@ -204,6 +216,8 @@ class EpochManager:
         made: list[list[Shard]] = []  # the shards it names, once built (not when it was there already)
 
         def build() -> dict[str, Any]:
+            # on the writer thread, before the seal commits: no ingest after it can evict the epoch's shards
+            self._mark_fresh(epoch)
             made.append(select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch))
             return build_manifest(epoch, made[0], previous=previous, **fields)
 
@@ -255,7 +269,9 @@ class EpochManager:
             summary = self.catalog.summary(last)
             if cap <= 0 and self._sealed_from.get(last) == self._made_from() \
                     and int(summary.get("samples", 0)) >= max(1, min_samples):
-                self.grant(last)  # a new job epoch starts on it: one more share of replacement
-                return last
+                self._mark_fresh(last)  # pinned from now until its lease, as a new seal is
+                if self._sealed_from.get(last) == self._made_from():  # and nothing went meanwhile
+                    self.grant(last)  # a new job epoch starts on it: one more share of replacement
+                    return last
             await self._seal(last + 1, cap, grant=True)
             return last + 1

@@ -205,7 +205,10 @@ class JobEpochOut(BaseModel):
     job_epoch: int
     daemon_epoch: int = Field(description="The daemon epoch it reads: GET /v1/epochs/{daemon_epoch} is its manifest")
     samples: int | None = Field(None, description="Samples of that epoch (None once its summary is gone)")
-    samples_read: int = Field(description="Samples the job's readers reported reading")
+    samples_read: int = Field(description="Samples the job's readers delivered to its training loop in this epoch, "
+                              "per reader: after a crash and a resume from a checkpoint, the samples read after "
+                              "the checkpoint and before the crash are delivered (and counted) again, so this can "
+                              "exceed samples")
     leases: int = Field(description="Live leases of the job on it")
 
 
@@ -218,7 +221,8 @@ class JobOut(BaseModel):
     start_epoch: int = Field(description="First job epoch of the current run")
     next_epoch: int = Field(description="The first job epoch not mapped yet")
     runs: int = Field(description="Runs that attached under this name (restarts)")
-    samples_read: int
+    samples_read: int = Field(description="Samples delivered over all its epochs (re-reads after a resume "
+                              "included: see the epochs' samples_read)")
     leases: list[dict[str, Any]] = Field(description="Live leases: daemon epoch, job epoch, holder, samples read")
     epochs: list[JobEpochOut] = Field(description="The latest epochs, newest last")
 
