@@ -4,7 +4,9 @@ Each request has a connect timeout and a read timeout; each logical call (fetch 
 attach to a job) has a total budget, its *deadline*, over all its attempts, retried with exponential backoff
 and jitter. A long poll (``wait``) may take its wait on top of the deadline, no more. Past the budget a
 ``DaemonError`` names the URL, what was being done, the attempts and the last error, so a stopped daemon (one
-that accepts connections and never answers) fails the training loop instead of hanging it.
+that accepts connections and never answers) fails the training loop instead of hanging it. A refused connection
+is no slow daemon but none at all: refused for ``REFUSED_FOR`` seconds in a row, the call raises, saying that no
+daemon is running at that URL (a daemon that restarts has those seconds to listen again).
 
 Not retried: a URL that is not ``http(s)://host[:port]`` (a ``ValueError`` at once) and a 4xx refusal other
 than 408/429 (a ``DaemonError`` at once, with the daemon's ``detail``). The token sent with each request is
@@ -25,6 +27,7 @@ DEFAULT_DEADLINE = 60.0  # seconds per logical call, all attempts together (SAMP
 CONNECT_TIMEOUT = 5.0  # seconds to open the TCP connection
 READ_TIMEOUT = 30.0  # seconds to wait for the answer (beyond a long poll's wait)
 FIRST_BACKOFF, MAX_BACKOFF = 0.2, 5.0  # seconds before the 2nd attempt, and the most between two
+REFUSED_FOR = 3.0  # seconds of refused connections in a row that say no daemon is running there
 RETRIED = (408, 429, 502, 503, 504)  # answers worth another attempt; any other refusal is final
 
 
@@ -101,7 +104,11 @@ def _problem(body: bytes) -> tuple[str, dict[str, Any]]:
 
 
 class _NoConnection(Exception):
-    """The TCP connection could not be made (refused, unreachable, timed out)."""
+    """The TCP connection could not be made (refused, unreachable, timed out); ``refused``: nothing listens."""
+
+    def __init__(self, message: str, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 def _exchange(parts: SplitResult, method: str, data: bytes | None, headers: dict[str, str],
@@ -113,7 +120,8 @@ def _exchange(parts: SplitResult, method: str, data: bytes | None, headers: dict
         try:
             conn.connect()
         except OSError as e:
-            raise _NoConnection("timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))) from e
+            why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+            raise _NoConnection(why, isinstance(e, ConnectionRefusedError)) from e
         sock = conn.sock
         assert sock is not None
         sock.settimeout(max(0.001, read_until - time.monotonic()))
@@ -159,6 +167,7 @@ def request_json(url: str, method: str = "GET", token: str | None = None, body: 
     if data is not None:
         headers["Content-Type"] = "application/json"
     attempts, last, answered, reread = 0, "", "", False
+    refused_since: float | None = None  # when the refusals in a row began
     while True:
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -171,11 +180,15 @@ def request_json(url: str, method: str = "GET", token: str | None = None, body: 
                                                    read_until)
         except _NoConnection as e:
             last = f"cannot connect: {e}"
+            refused_since = (now if refused_since is None else refused_since) if e.refused else None
         except TimeoutError:
+            refused_since = None
             last = f"no answer within {read_until - now:.1f} s (read timeout: is the daemon stopped or overloaded?)"
         except (OSError, http.client.HTTPException) as e:
+            refused_since = None
             last = f"the connection broke: {e!r}"
         else:
+            refused_since = None
             if 200 <= status < 300:
                 return json.loads(raw) if raw else None
             detail, problem = _problem(raw)
@@ -198,11 +211,18 @@ def request_json(url: str, method: str = "GET", token: str | None = None, body: 
         pause = min(MAX_BACKOFF, pause) * random.uniform(0.5, 1.0)
         if (retries is not None and attempts > retries) or pause + 0.05 > end - time.monotonic():
             break
+        if refused_since is not None and time.monotonic() + pause - refused_since > REFUSED_FOR:
+            break  # nothing listens there: no daemon is running, however long the deadline
         time.sleep(pause)
     took = time.monotonic() - start
+    tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
+    if refused_since is not None:
+        refused = time.monotonic() - refused_since
+        raise DaemonError(f"samplecache daemon at {url} is not running ({what}): connections refused for "
+                          f"{refused:.1f} s ({tries} in {took:.1f} s; last error: {last}). Start `samplecache serve` "
+                          f"there, or check the URL", None, None, attempts) from None
     also = f"; the daemon last answered {answered}" if answered and answered != last else ""
     budget = f"deadline {deadline:.3g} s" + (f" + wait {wait:.3g} s" if wait else "")
-    tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
     raise DaemonError(f"samplecache daemon at {url} is not available ({what}): {tries} in {took:.1f} s "
                       f"({budget}); last error: {last}{also}. Is `samplecache serve` running (and not stopped) "
                       f"there?", None, None, attempts) from None

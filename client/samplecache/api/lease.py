@@ -1,7 +1,10 @@
 """A lease on an epoch, held while a process reads it: taken when reading starts, heartbeated, released at the end.
 
 While the lease lives the daemon never evicts a shard of the epoch. A process
-that dies stops heartbeating and its lease expires after its TTL.
+that dies stops heartbeating and its lease expires after its TTL. At an epoch's
+end the release is sent from a thread and waited for briefly (``release(wait=)``):
+a daemon that does not answer cannot hold the training loop at the boundary, and
+the lease expires by itself anyway.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 from samplecache.api.client import DEFAULT_DEADLINE, DaemonError, request_json
 
 log = logging.getLogger("samplecache.lease")
+RELEASE_DEADLINE = 10.0  # seconds a release may take, all attempts together (at most the call's deadline)
 
 
 class LeaseKeeper:
@@ -41,6 +45,7 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"samplecache-lease-{job or ''}-{epoch}",
                                         daemon=True)
+        self._releasing: threading.Thread | None = None  # a release sent in the background, if any
         self._thread.start()
         # a trainer, or a DataLoader worker, that exits normally frees its leases at once (workers leave through
         # os._exit, which skips atexit but runs multiprocessing's finalizers)
@@ -65,20 +70,43 @@ class LeaseKeeper:
         """Heartbeating in this process (a copy inherited across fork is not)."""
         return self._thread.is_alive() and not self._stop.is_set()
 
-    def release(self) -> None:
-        """Release the lease now and stop heartbeating (in the process that took it; a copy inherited
-        across fork only stops)."""
+    def release(self, wait: float | None = None) -> None:
+        """Release the lease and stop heartbeating (in the process that took it; a copy inherited across fork
+        only stops). ``wait`` None: until the daemon answered (or the release's deadline passed) and the threads
+        ended; a number: the release goes on in a thread, waited for at most that long (an epoch's end)."""
         if self._stop.is_set():
+            if wait is None:
+                self._join()  # a release sent in the background earlier: done by now
             return
         self._stop.set()
         self._at_exit.cancel()
         if self._pid != os.getpid():
             return
+        if wait is None:
+            self._send_release()
+            self._join()
+            return
+        self._releasing = threading.Thread(target=self._send_release, daemon=True,
+                                           name=self._thread.name.replace("-lease-", "-release-", 1))
+        self._releasing.start()
+        self._releasing.join(wait)
+
+    def releasing(self) -> bool:
+        """A release sent in the background is still waiting for the daemon."""
+        return self._releasing is not None and self._releasing.is_alive()
+
+    def _send_release(self) -> None:
         try:
             request_json(f"{self.url}/v1/epochs/{self.epoch}/leases/{self.id}?read={int(self.read)}", "DELETE",
-                         self.token, deadline=min(self.deadline, 10.0), retries=1,
+                         self.token, deadline=min(self.deadline, RELEASE_DEADLINE), retries=1,
                          what=f"releasing the lease on daemon epoch {self.epoch}")
         except DaemonError as e:  # it will expire by itself
             log.debug("lease release failed: %s", e)
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+
+    def _join(self) -> None:
+        """Wait (bounded) for the heartbeat thread and a release sent in the background (this process's)."""
+        if self._pid != os.getpid():
+            return
+        for t in (self._thread, self._releasing):
+            if t is not None and t is not threading.current_thread() and t.ident is not None:
+                t.join(timeout=RELEASE_DEADLINE if t is self._releasing else 5)

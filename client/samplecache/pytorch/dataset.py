@@ -72,8 +72,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         ``partial``, ``min_samples``, ``deadline``...) are the fields of ``CacheOptions``, ``SplitOptions`` and
         ``BatchOptions`` (None: not given), over the objects when given; ``batch_size`` None: one sample at a
         time. ``deadline``: seconds each call to the daemon (a manifest, a lease, the job) may take, all retries
-        included, before a ``DaemonError`` (default: SAMPLECACHE_DEADLINE, else 60); waiting for an epoch's
-        ``min_samples`` may add ``wait`` on top. ``retries``: at most this many retries per call (default: as
+        included, before a ``DaemonError`` (default: SAMPLECACHE_DEADLINE, else 60); waiting for the first epoch's
+        ``min_samples`` (warm-up) may add ``wait`` on top. ``retries``: at most this many retries per call (default: as
         many as the deadline allows). ``token``: default SAMPLECACHE_TOKEN, else the daemon's token file."""
         super().__init__()
         given = {"url": url, "columns": columns, "shuffle": shuffle, "seed": seed, **options}

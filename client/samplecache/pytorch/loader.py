@@ -188,9 +188,15 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
         core = ds.reader  # the caller's dataset and its batching copy share it (and a loaded resume state)
         resume = core.pending
-        ds.plan(ds.next_epoch())  # mapped (or refused, e.g. EpochGone) here, before any worker asks
-        if core.agreed(ds.next_epoch()) is None:
-            ds.agree(ds.next_epoch())  # several hosts: every rank makes the same number of steps
+        epoch = ds.next_epoch()
+        if self.persistent_workers and self.num_workers > 0 and self._iterator is not None:
+            # The running workers fetched and leased this epoch ahead and read it without the daemon: here
+            # (for state_dict) its manifest is fetched in the background, so the boundary never waits on it.
+            core.source.prefetch_next(epoch, "main process", lease=False)
+        else:
+            ds.plan(epoch)  # mapped (or refused, e.g. EpochGone) here, before the workers fork (they inherit it)
+        if core.agreed(epoch) is None:
+            ds.agree(epoch)  # several hosts: every rank makes the same number of steps
         ds.ring = self._ring_for(ds)
         self._packed = ds.ring is not None and self._pack() > 1  # the workers send packs of batches
         it = super().__iter__()

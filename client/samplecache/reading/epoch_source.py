@@ -2,6 +2,13 @@
 
 Framework-free (stdlib + numpy): the PyTorch dataset, and any other adapter,
 asks it for an epoch's plan and a lease while it reads, and closes it when done.
+
+An epoch's boundary never waits on the daemon longer than one call's deadline:
+``wait`` (for ``min_samples``) is charged only until this process mapped its
+first epoch (warm-up is met then; a later shortfall is a 503, retried within the
+deadline), an epoch's manifest is sealed by its mapping so fetching it never
+waits, and the lease of an epoch read to its end is released in the background
+(its end waits ``END_WAIT`` at most).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from samplecache.reading.options import CacheOptions
 from samplecache.reading.reader import CacheReader
 
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
+END_WAIT = 1.0  # seconds an epoch's end waits for its lease's release (a daemon answers in milliseconds)
 
 
 class MissingColumn(KeyError):
@@ -79,11 +87,12 @@ def _close_at_exit(ref: "weakref.ref[EpochSource]") -> None:
         source.close()
 
 
-def _release(keepers: dict[int, LeaseKeeper], live: set[LeaseKeeper]) -> None:
-    for keeper in list(keepers.values()) + list(live):
+def _release(keepers: dict[int, LeaseKeeper], live: set[LeaseKeeper], ending: set[LeaseKeeper]) -> None:
+    for keeper in list(keepers.values()) + list(live) + list(ending):
         keeper.release()
     keepers.clear()
     live.clear()
+    ending.clear()
 
 
 class EpochSource:
@@ -109,11 +118,13 @@ class EpochSource:
         self._lock = threading.Lock()
         self._keepers: dict[int, LeaseKeeper] = {}  # leases taken ahead, with the next manifest
         self._live: set[LeaseKeeper] = set()  # leases of epochs being read in this process
+        self._ending: set[LeaseKeeper] = set()  # leases of epochs read, their release sent in the background
+        self.warm = False  # an epoch was mapped, so the cache held min_samples: later mappings do not wait
         self._threads: list[threading.Thread] = []
         self._started: set[int] = set()  # epochs whose reading started in this process
         self.closed = False
         self._pid = os.getpid()
-        weakref.finalize(self, _release, self._keepers, self._live)  # dropped: its leases go at once
+        weakref.finalize(self, _release, self._keepers, self._live, self._ending)  # dropped: its leases go at once
 
     @property
     def job_name(self) -> str:
@@ -141,16 +152,19 @@ class EpochSource:
 
     def replay(self, epoch: int, daemon_epoch: int) -> None:
         """Make job epoch ``epoch`` read the sealed ``daemon_epoch`` (asked now, before any worker asks)."""
-        self.attach().daemon_epoch(epoch, self.cache.min_samples, self.cache.wait, replay=daemon_epoch)
+        self.attach().daemon_epoch(epoch, self.cache.min_samples, 0.0, replay=daemon_epoch)  # sealed: no wait
 
     def plan(self, epoch: int) -> EpochPlan:
         """The manifest of job epoch ``epoch`` (fetched once per process; the job's first request seals it)."""
         with self._lock:
             got = self._plans.get(epoch)
         if got is None:
-            wait, min_samples = self.cache.wait, self.cache.min_samples
+            # The long poll for min_samples is warm-up's: once an epoch was mapped it would only stretch the
+            # time a stopped daemon takes to fail. The mapping seals the epoch, so its manifest never waits.
+            wait, min_samples = (0.0 if self.warm else self.cache.wait), self.cache.min_samples
             daemon_epoch = self.attach().daemon_epoch(epoch, min_samples, wait)
-            manifest = fetch_manifest(self.url, daemon_epoch, min_samples, wait, self.token, self.retries,
+            self.warm = True
+            manifest = fetch_manifest(self.url, daemon_epoch, min_samples, 0.0, self.token, self.retries,
                                       self.deadline)
             got = EpochPlan(manifest, self.columns, epoch)
             with self._lock:
@@ -173,14 +187,16 @@ class EpochSource:
         if late:
             keeper.release()
 
-    def prefetch_next(self, epoch: int, holder: str) -> None:
-        """Fetch (so seal) the next epoch's manifest and take its lease before this epoch ends."""
+    def prefetch_next(self, epoch: int, holder: str, lease: bool = True) -> None:
+        """Fetch (so seal) the next epoch's manifest and take its lease (unless ``lease`` is False) in a thread,
+        before this epoch ends."""
         def run() -> None:
             try:
                 plan = self.plan(epoch)
                 # Lease it now, so its shards stay pinned until it is read. A worker that is not persistent
                 # releases it when it exits; the job's new mapping pins the epoch for a TTL meanwhile.
-                if self.cache.lease and epoch not in self._keepers and epoch not in self._started and not self.closed:
+                if lease and self.cache.lease and epoch not in self._keepers and epoch not in self._started \
+                        and not self.closed:
                     self._store_ahead(epoch, self._new_keeper(plan, holder))
             except (DaemonError, KeyError, ValueError):
                 pass  # the next iteration fetches it again and reports the error there
@@ -211,25 +227,30 @@ class EpochSource:
         return got
 
     def done(self, keeper: LeaseKeeper | None) -> None:
-        """The epoch was read (or reading stopped): release its lease."""
+        """The epoch was read (or reading stopped): release its lease, waiting at most ``END_WAIT`` for the
+        daemon (the release goes on in the background; ``close`` waits for it)."""
         if keeper is not None:
-            keeper.release()
+            keeper.release(wait=END_WAIT)
             self._live.discard(keeper)
+            self._ending.difference_update([k for k in self._ending if not k.releasing()])
+            if keeper.releasing():
+                self._ending.add(keeper)
 
     def close(self) -> None:
         """Release every lease now (those taken ahead too) and stop this process's threads."""
         self.closed = True
         for t in list(self._threads):
             t.join(timeout=10)
-        _release(self._keepers, self._live)
+        _release(self._keepers, self._live, self._ending)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_lock"] = None
         state["_keepers"], state["_live"], state["_threads"], state["_started"] = {}, set(), [], set()
+        state["_ending"] = set()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-        weakref.finalize(self, _release, self._keepers, self._live)
+        weakref.finalize(self, _release, self._keepers, self._live, self._ending)

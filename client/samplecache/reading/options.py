@@ -21,7 +21,8 @@ DEFAULT_URL = "http://127.0.0.1:8750"
 class CacheOptions:
     """Where the cache is and how to talk to the daemon. ``token`` None: SAMPLECACHE_TOKEN, else the daemon's
     token file; ``deadline`` None: SAMPLECACHE_DEADLINE, else 60 s per call; ``retries`` None: as many as the
-    deadline allows; ``min_samples``/``wait``: an epoch waits up to ``wait`` s for that many cached samples;
+    deadline allows; ``min_samples``/``wait``: a process's first epoch waits up to ``wait`` s for that many cached
+    samples (warm-up; later epochs do not wait);
     ``prefetch_next``: fetch and lease the next epoch's manifest when 95% of this one is read."""
 
     url: str = DEFAULT_URL
