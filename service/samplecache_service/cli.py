@@ -189,6 +189,13 @@ def _files_row(files: dict[str, Any] | None) -> str:
     return f"{files['parquet']} Parquet files" + (f", {files['skipped_text']}" if files["skipped"] else "")
 
 
+def _table_row(t: dict[str, Any]) -> str:
+    """``delta version 3 (newest), 4 live files, 150 rows; 2 files removed``."""
+    pinned = "pinned" if t["pinned"] else "newest"
+    return (f"{t['format']} version {t['version']} ({pinned}), {t['files']} live files, {t['rows']} rows; "
+            f"{t['removed_files']} files removed")
+
+
 def format_status(s: dict[str, Any]) -> str:
     cov = s.get("coverage") or {}
     rows = [
@@ -206,6 +213,7 @@ def format_status(s: dict[str, Any]) -> str:
                    + (f" ({s['pacing']['reason']})" if s["pacing"]["reason"] else "")),
         ("jobs", f"{s['jobs']} (GET /v1/jobs)"),
         ("files", _files_row(s.get("files"))),
+        *([("table", _table_row(s["table"]))] if s.get("table") else []),
         ("coverage", f"{cov.get('units_sampled', 0)}/{cov.get('units', 0)} row groups, "
                      f"{100 * cov.get('row_fraction', 0):.1f}% of rows, pass {cov.get('cycle', 0)}" if cov else "-"),
         ("epochs sealed", f"{s['epochs_sealed']} (last {s['last_epoch']})"),

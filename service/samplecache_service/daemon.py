@@ -242,10 +242,20 @@ class Daemon:
 
     # -- budget ------------------------------------------------------------------------------
     def make_room(self, incoming: int) -> EvictionPlan:
-        """Which shards to evict so ``incoming`` more bytes fit (runs on the writer thread)."""
+        """Which shards to evict so ``incoming`` more bytes fit (runs on the writer thread): first every unpinned
+        shard of a file no longer live in its table, then what the policy picks."""
+        shards, pinned, files = self.catalog.shards(), self.epochs.pinned_shards(), self.catalog.files()
+        stale = [s for s in shards if s.id not in pinned and s.path in files and files[s.path].removed]
+        if stale:
+            ids = {s.id for s in stale}
+            shards = [s for s in shards if s.id not in ids]
         # the kept manifests count within the budget
-        return plan_eviction(self.catalog.shards(), self.epochs.pinned_shards(),
-                             self.max_bytes - self.catalog.manifest_total, incoming, self.policy, self.settings.seed)
+        plan = plan_eviction(shards, pinned, self.max_bytes - self.catalog.manifest_total, incoming, self.policy,
+                             self.settings.seed)
+        if not stale:
+            return plan
+        return EvictionPlan(tuple(s.id for s in stale) + plan.evict, plan.freed + sum(s.bytes for s in stale),
+                            plan.fits)
 
     # -- control: every change runs on the scheduler's thread ----------------------------------------
     def set_paused(self, paused: bool) -> "Future[None]":

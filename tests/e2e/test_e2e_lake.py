@@ -12,6 +12,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 from epoch_check import by_id, compare_table, read_epoch, upload
+from lake_tables import delete_delta, live_rows, s3_options, write_delta
 
 pytestmark = pytest.mark.e2e
 
@@ -46,3 +47,47 @@ def test_hive_partition_columns_are_served(daemon: Any, s3: Any, prefix: str, tm
     assert {(s["partitions"]["lang"], s["partitions"]["year"]) for s in shards} == {
         ("en", "2023"), ("en", "2024"), ("d/e f", "2024"), (None, "2024")}, shards
     assert all(s["partitions"]["lang"] == "en" for s in shards if "/lang=en/" in s["path"])
+
+
+def delta_rows(start: int, n: int, langs: list[str | None]) -> pa.Table:
+    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
+                     "x": pa.array([i * 0.25 for i in range(start, start + n)]),
+                     "lang": pa.array([langs[i % len(langs)] for i in range(n)], pa.string())})
+
+
+def test_delta_table_serves_its_live_rows_as_it_changes(daemon: Any, s3: Any, prefix: str, tmp_path: Path,
+                                                        get: Callable[..., Any], until: Callable[..., Any]) -> None:
+    pytest.importorskip("deltalake")
+    uri, opts = f"s3://{prefix}/table", s3_options(s3)
+    # the case: 100 rows, overwritten with 50; the 100 stay on storage until a vacuum
+    write_delta(uri, delta_rows(0, 100, ["en", "de"]), tmp_path, partition_by=["lang"], options=opts)
+    write_delta(uri, delta_rows(100, 50, ["en", None]), tmp_path, mode="overwrite", partition_by=["lang"],
+                options=opts)
+    assert len(s3.fs().find(f"{prefix}/table", withdirs=False)) > 4  # the overwritten files are still there
+
+    d = daemon(source=uri, extra=["--discover-interval", "1"])
+
+    def status() -> Any:
+        return get(d.url + "/v1/status").json()
+
+    def epoch_matches(version: int, rows: int, where: str) -> None:
+        until(lambda: (status()["table"] or {}).get("version") == version and status()["samples"] == rows, 60,
+              f"version {version} and {rows} resident samples")
+        want = live_rows(uri, opts)
+        assert want.num_rows == rows
+        compare_table(by_id(read_epoch(d.url, rows)), want, where)
+
+    table = status()["table"]
+    assert table["format"] == "delta" and table["files"] == 2 and table["rows"] == 50, table
+    epoch_matches(1, 50, "after the overwrite")  # 50, not 150
+    # an append while the daemon runs: its files become new units
+    write_delta(uri, delta_rows(150, 30, ["fr"]), tmp_path, partition_by=["lang"], options=opts)
+    epoch_matches(2, 80, "after an append")
+    # a delete rewrites the files it touches: those leave the table, their shards are evicted, none is served
+    delete_delta(uri, "id < 110 or id >= 175", opts)
+    epoch_matches(3, 65, "after a delete")
+    table = status()["table"]
+    assert table["removed_files"] >= 1 and table["rows"] == 65, table
+    shards = get(d.url + "/v1/shards?limit=1000").json()["shards"]
+    assert sum(s["rows"] for s in shards) == 65
+    assert {s["partitions"].get("lang") for s in shards} == {"en", None, "fr"}, shards

@@ -102,6 +102,17 @@ class FilesListed(BaseModel):
     listed_at: float = Field(description="When the source was last listed (Unix time)")
 
 
+class TableStatus(BaseModel):
+    format: str = Field(description="The table's format: delta")
+    version: int | None = Field(description="The table version the last listing read (its live files are sampled)")
+    pinned: bool = Field(description="Whether that version is pinned, else the newest one is followed")
+    files: int = Field(description="Live data files of that version")
+    rows: int = Field(description="Rows of those files, as the table's log counts them")
+    removed_files: int = Field(description="Files that left the table since the cache began: never sampled again, "
+                               "their shards named by no new epoch")
+    seen_at: float | None = Field(description="When that version was read (Unix time)")
+
+
 class Status(BaseModel):
     version: str
     uptime_s: float
@@ -135,6 +146,8 @@ class Status(BaseModel):
     skipped_columns: dict[str, str] = Field(default_factory=dict, description="Source columns left out, and why")
     files: FilesListed | None = Field(None, description="What the last listing of the source found: Parquet files "
                                       "and the other files skipped (null before the first listing)")
+    table: TableStatus | None = Field(None, description="The source's table (a Delta Lake table), as the last "
+                                      "listing read it; null for a folder of Parquet files")
     coverage: dict[str, Any] | None
     settings: dict[str, Any] = Field(description="Settings in use (run-time ones as changed by PATCH /v1/config or a "
                                      "reload; secrets left out)")

@@ -60,6 +60,7 @@ def status_of(d: "Daemon") -> Status:
         remote_errors=d.remote_errors, last_error=d.last_error, quarantined=quarantined,
         skipped_columns=d.discovery.skipped if d.discovery else {},
         files=d.discovery.listing() if d.discovery else None,
+        table=d.discovery.table_info() if d.discovery else None,
         coverage=d.scheduler.coverage(), settings={**d.settings.public(), **d.runtime_config()},
         config=d.config_state or {}, auth=auth_status(d.settings),
         evictions=d.evicted_shards, eviction_policy=d.policy,

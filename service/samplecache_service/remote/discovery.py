@@ -49,6 +49,7 @@ class Discovery:
         self.parquet_files = 0
         self.others: list[str] = []
         self.listed_at: float | None = None
+        self.removed_now = 0  # files the last listing found gone from the table (their shards are to be evicted)
         self.pinned = load_schema_file(schema_file) if schema_file else None
         if self.pinned is not None:
             lacking = [c for c in columns or () if c not in self.pinned.names]
@@ -76,6 +77,19 @@ class Discovery:
         return {"parquet": self.parquet_files, "skipped": len(self.others), "listed_at": self.listed_at,
                 "skipped_text": skipped_files(self.others, root) if self.others else ""}
 
+    @property
+    def is_table(self) -> bool:
+        """Whether the source is a table (its log says which files are live), not a folder."""
+        return getattr(self.remote, "table", None) is not None
+
+    def table_info(self) -> dict[str, Any] | None:
+        """The source's table as the last listing read it, for /v1/status (None: a folder, or not listed yet)."""
+        table = getattr(self.remote, "table", None)
+        if table is None:
+            return None
+        removed = sum(1 for i in self.catalog.files().values() if i.removed)
+        return {**table.info(), "removed_files": removed}
+
     def run(self) -> list[str]:
         """List the source; record the new files (units or quarantine), and look again at quarantined files that
         changed (size/ETag/mtime) or were released by hand. Returns the paths whose units are new."""
@@ -95,6 +109,7 @@ class Discovery:
         # place: its footer, size and units are read anew, so that no sampler reads it at its old size)
         again = [p for p in paths if p in known and (known[p].quarantined and known[p].recheck or (
             sigs.get(p) and known[p].signature not in (None, sigs.get(p))))]
+        self.removed_now = self._follow_table(paths, known)
         if not new and not again:
             return []
         seq = 1 + max((i.seq for i in known.values()), default=0)
@@ -128,6 +143,21 @@ class Discovery:
             raise RemoteError(f"no readable Parquet file under source {self.remote.url!r}"
                               + (": " + "; ".join(reasons[:3]) if reasons else ""))
         return sorted(p for p in fresh if not found[p].quarantined or p in new)
+
+    def _follow_table(self, paths: list[str], known: dict[str, FileInfo]) -> int:
+        """A table's files that left its version (overwrite, delete, optimize) marked removed, and any that came
+        back (a restore) live again; returns how many left. A folder's listing marks nothing: a file missing
+        from it is a failure to read, not a change of the data."""
+        if getattr(self.remote, "table", None) is None:
+            return 0
+        live = set(paths)
+        gone = {p: replace(i, removed=True) for p, i in known.items() if p not in live and not i.removed}
+        back = {p: replace(known[p], removed=False) for p in paths if p in known and known[p].removed}
+        if gone or back:
+            self.writer.put_files({**gone, **back}).result()
+            log.info("source %s: %d file(s) left the table, %d came back; %d live", self.remote.url, len(gone),
+                     len(back), len(paths), extra={"event": "table_files_removed", "path": self.remote.url})
+        return len(gone)
 
     def _footer(self, path: str) -> tuple[str, FileInfo, pa.Schema | None] | None:
         """The file's units and schema; quarantined only when its footer bytes cannot be parsed; None (look
@@ -196,5 +226,5 @@ class Discovery:
         (Delta) says, else inferred over the values of every file the source has (as pyarrow.dataset infers them
         over a whole dataset)."""
         given = fixed if fixed is not None else getattr(self.remote, "partition_schema", None)
-        known = [i.partitions for i in self.catalog.files().values() if not i.quarantined]
+        known = [i.partitions for i in self.catalog.files().values() if not i.quarantined and not i.removed]
         return partition_types(known + [i.partitions for _, i, s in footers if s is not None], given)

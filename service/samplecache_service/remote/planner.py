@@ -214,28 +214,33 @@ class Planner:
         with self._lock:
             return self._cursor(self.low, self.ahead)
 
-    def coverage(self, left_out: Callable[[Unit], bool] | None = None, version: int = 0) -> dict[str, Any]:
+    def coverage(self, left_out: Callable[[Unit], bool] | None = None, version: int = 0,
+                 removed: Callable[[Unit], bool] | None = None) -> dict[str, Any]:
         """Fraction of this node's units and rows sampled at least once (recomputed only on change). Units
-        ``left_out`` says are unreadable (their file is quarantined) never count as sampled; ``version`` changes
-        whenever its answers may."""
+        ``left_out`` says are unreadable (their file is quarantined) never count as sampled; units ``removed``
+        says are no longer in the dataset (their file left its table) do not count at all; ``version`` changes
+        whenever the answers of either may."""
         with self._lock:
             key = (self.cycle, self.low, len(self.ahead), len(self.units), version)
             if self._coverage is not None and self._coverage[0] == key:
                 return dict(self._coverage[1])
-            total_rows = sum(u.rows for u in self.units)
+            gone = {i for i, u in enumerate(self.units) if removed(u)} if removed is not None else set()
+            total_rows = sum(u.rows for i, u in enumerate(self.units) if i not in gone)
             done_pos = set(range(self.low)) | self.ahead
             if self.cycle > 0:  # a whole earlier pass covered the units planned then
                 covered = set(range(self._first_pass_units)) | {int(self._order[p]) for p in done_pos}
             else:
                 covered = {int(self._order[p]) for p in done_pos}
             out = {i for i, u in enumerate(self.units) if left_out(u)} if left_out is not None else set()
-            covered -= out
+            out -= gone
+            covered -= out | gone
+            units = len(self.units) - len(gone)
             done_units = len(covered)
             done_rows = sum(self.units[u].rows for u in covered)
-            self._coverage = (key, {"cycle": self.cycle, "units": len(self.units), "units_sampled": done_units,
+            self._coverage = (key, {"cycle": self.cycle, "units": units, "units_sampled": done_units,
                     "rows": total_rows, "rows_sampled": done_rows,
                     "units_left_out": len(out), "rows_left_out": sum(self.units[u].rows for u in out),
-                    "unit_fraction": done_units / len(self.units) if self.units else 0.0,
+                    "unit_fraction": done_units / units if units else 0.0,
                     "row_fraction": done_rows / total_rows if total_rows else 0.0,
                     "remote_units": self.all_units, "node_rank": self.node_rank, "num_nodes": self.num_nodes})
             return dict(self._coverage[1])

@@ -97,8 +97,14 @@ class RemoteStore(Protocol):
 class FsspecRemote:
     """A prefix, directory or glob of Parquet files behind an fsspec URL."""
 
-    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None,
+                 table_version: int | None = None) -> None:
         self.url = url
+        self.storage_options = dict(storage_options or {})
+        self.table_version = table_version  # a table source's pinned version (None: follow the newest)
+        # the table at the root (remote.tables), found by the first listing; None: a folder of Parquet files
+        self.table: Any = None
+        self._looked_for_table = False
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         except (ValueError, ImportError, TypeError) as e:
@@ -117,7 +123,21 @@ class FsspecRemote:
     def _open(self, path: str, **kwargs: Any) -> Any:
         return count_fetched(self.fs.open(path, "rb", block_size=OPEN_BLOCK_SIZE, **kwargs), self._count)
 
+    @property
+    def partition_schema(self) -> pa.Schema | None:
+        """A table's partition columns as its own schema types them (None: a folder, or a table of none)."""
+        return self.table.partition_schema if self.table is not None else None
+
     def list_files(self) -> list[str]:
+        if not self._looked_for_table:
+            # here, not in the module's imports: remote.tables builds on this module
+            from samplecache_service.remote.tables import find_table
+
+            self.fs.invalidate_cache()
+            self.table, self._looked_for_table = find_table(self), True
+        if self.table is not None:
+            self.fs.invalidate_cache()
+            return self.table.list_files(self)  # type: ignore[no-any-return]
         try:
             self.fs.invalidate_cache()  # a listing must see files that changed since the last one
             if _glob.has_magic(self.root):
@@ -144,7 +164,10 @@ class FsspecRemote:
         return files
 
     def partitions(self, path: str) -> dict[str, str | None]:
-        """The file's partition values, from its Hive folders (``lang=en/``) below the source's root."""
+        """The file's partition values: from its table's log, else from its Hive folders (``lang=en/``) below
+        the source's root."""
+        if self.table is not None:
+            return self.table.partitions(path)  # type: ignore[no-any-return]
         return hive_values(path, self.root)
 
     def file_info(self, path: str) -> tuple[Footer, pa.Schema]:

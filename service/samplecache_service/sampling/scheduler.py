@@ -77,6 +77,7 @@ class Scheduler:
         self.evicted_shards = 0
         self.unit_failures: collections.Counter[str] = collections.Counter()  # by kind: unreachable | transient | ...
         self.quarantined_units = 0  # this node's units in quarantined files (or stale: their file was re-planned)
+        self.removed_units = 0  # this node's units in files no longer live in their table (never sampled again)
         self.units_given_up = 0  # units that failed MAX_UNIT_ATTEMPTS times in a row (retried the next pass)
         self.given_up: set[tuple[str, int]] = set()  # those not sampled since: coverage leaves them out
         self._skips = 0
@@ -119,7 +120,8 @@ class Scheduler:
         given_up = set(self.given_up)
         cov = self.planner.coverage(lambda u: u.path in files and files[u.path].quarantined
                                     or (u.path, u.row_group) in given_up,
-                                    hash((self.catalog.files_version, frozenset(given_up))))
+                                    hash((self.catalog.files_version, frozenset(given_up))),
+                                    removed=lambda u: u.path in files and files[u.path].removed)
         unread, planned = self._unread_files()
         if unread:
             rows = len(unread) * max(1, round(cov["rows"] / max(1, planned)))
@@ -182,6 +184,9 @@ class Scheduler:
                 self.planner.add_units(build_units({p: files[p] for p in new}))
             self.complete = self.complete and not new
             self._files_seen = -1
+            if getattr(discovery, "is_table", False) and (discovery.removed_now or self._stale_resident()):
+                # shards of files that left the table: evicted now, unless a lease still pins them
+                self.writer.evict(self.make_room, "removed").add_done_callback(self.count_evicted)
             self._next_discovery = self.clock() + self.settings.discover_interval
         except Exception as e:  # remote down or bad: report, retry
             self.last_error = str(e) if isinstance(e, RemoteError) else f"{type(e).__name__}: {e}"
@@ -191,13 +196,19 @@ class Scheduler:
                         extra={"event": "discovery_failed", "error_class": classify_error(e)})
             self._next_discovery = self.clock() + self.settings.retry_seconds
 
+    def _stale_resident(self) -> bool:
+        """Whether a resident shard comes from a file no longer live in its table."""
+        files = self.catalog.files()
+        return any(s.path in files and files[s.path].removed for s in self.catalog.shards())
+
     def discover_soon(self) -> None:
         self._next_discovery = 0.0
 
     # -- deciding ---------------------------------------------------------------------------------------
     def _why_not_sample(self) -> str | None:
         assert self.planner is not None
-        if self.complete and self.catalog.resident_units() + self.quarantined_units < len(self.planner):
+        settled = self.catalog.resident_units() + self.quarantined_units + self.removed_units
+        if self.complete and settled < len(self.planner):
             self.complete, self._skips = False, 0
         if self.user_paused:
             return "paused by request"
@@ -237,7 +248,7 @@ class Scheduler:
     def _settled(self, unit: Unit) -> bool:
         """Nothing to sample for ``unit``: resident from an earlier pass, its file quarantined or re-planned."""
         info = self.catalog.file(unit.path)
-        if info.quarantined or not unit_current(unit, info):
+        if info.quarantined or info.removed or not unit_current(unit, info):
             return True
         return self.catalog.unit_resident(unit.path, unit.row_group) and (unit.path, unit.row_group) not in \
             self._incomplete
@@ -249,6 +260,7 @@ class Scheduler:
             self._files_seen = catalog.files_version
             self.quarantined_units = sum(1 for u in self.planner.units if catalog.file(u.path).quarantined
                                          or not unit_current(u, catalog.file(u.path)))
+            self.removed_units = sum(1 for u in self.planner.units if catalog.file(u.path).removed)
         self.paused_reason = self._why_not_sample()
         if self.paused_reason is not None:
             return

@@ -30,6 +30,9 @@ class FileInfo:
     kind: str = "corrupt"  # remote.stores.ErrorKind: corrupt | schema
     at: float | None = None  # when it was quarantined (time.time())
     recheck: bool = False  # released by hand: read again at the next listing
+    # no longer live in its table's version (an overwrite, delete or optimize removed it): never sampled again,
+    # its shards named by no new epoch and evicted once no lease pins them
+    removed: bool = False
     # partition column -> value as text (None: null), from its Hive folders or its table's log; empty: none
     partitions: dict[str, str | None] = field(default_factory=dict)
 
@@ -60,6 +63,8 @@ class FileInfo:
             out["recheck"] = True
         if self.partitions:
             out["partitions"] = dict(self.partitions)
+        if self.removed:
+            out["removed"] = True
         return out
 
     @classmethod
@@ -91,4 +96,4 @@ def _units(v: Any) -> tuple[PlannedUnit, ...]:
 READ: dict[str, Callable[[Any], Any]] = {
     "row_groups": _ints, "row_group_bytes": _ints, "units": _units, "size": int, "footer": int, "signature": str,
     "seq": int, "quarantined": bool, "reason": str, "kind": str, "at": float, "recheck": bool,
-    "partitions": _partitions}
+    "partitions": _partitions, "removed": bool}

@@ -341,15 +341,16 @@ class Writer:
 
         return self.submit(op, after)
 
-    def evict(self, make_room: Callable[[int], EvictionPlan]) -> "Future[tuple[int, ...]]":
-        """Evict what ``make_room(0)`` names (after the budget was lowered)."""
+    def evict(self, make_room: Callable[[int], EvictionPlan], reason: str = "config") -> "Future[tuple[int, ...]]":
+        """Evict what ``make_room(0)`` names (after the budget was lowered, or files left their table), counted
+        by ``reason``."""
         def op(txn: lmdb.Transaction) -> tuple[int, ...]:
             plan = make_room(0)
             self._delete(txn, plan.evict)
             return plan.evict
 
         def after(evicted: tuple[int, ...]) -> None:
-            self._removed(evicted, "config")
+            self._removed(evicted, reason)
             if evicted:  # so the next ingest can use the pages at once, on a full disk too
                 self.release_pages()
 

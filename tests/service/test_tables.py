@@ -1,0 +1,172 @@
+"""Delta Lake tables (issue 23): a source whose root holds ``_delta_log/`` is read through the log (delta-rs), so
+only the files live in the table's version are sampled; the version is read again at each listing (an append adds
+units, an overwrite or delete marks the files it removed, which are never sampled again); partition values come
+from the log; a table whose reader is not installed, or with deletion vectors or column mapping, is refused by
+name. A file:// table, written by deltalake in a subprocess."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pytest
+from lake_tables import delete_delta, live_rows, write_delta
+
+from samplecache.format.record import decode_rows
+from samplecache_service.cli import format_status
+from samplecache_service.http.models import TableStatus
+from samplecache_service.remote.discovery import Discovery
+from samplecache_service.remote.planner import build_units
+from samplecache_service.remote.stores import FsspecRemote, RemoteError
+from samplecache_service.remote.tables import delta_options
+from samplecache_service.sampling.sampler import SampleTask, run_task
+from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.staging import read_staged
+from samplecache_service.store.writer import Writer, open_env
+
+pytest.importorskip("deltalake")
+
+
+@pytest.fixture()
+def cache(tmp_path: Path) -> Iterator[tuple[Catalog, Writer]]:
+    env, dbs = open_env(tmp_path / "lmdb", 64 << 20)
+    catalog = Catalog(env, dbs)
+    writer = Writer(env, dbs, catalog)
+    yield catalog, writer
+    writer.close()
+    env.close()
+
+
+def rows(start: int, n: int, lang: list[str | None]) -> pa.Table:
+    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
+                     "x": pa.array([float(i) / 4 for i in range(start, start + n)]),
+                     "lang": pa.array([lang[i % len(lang)] for i in range(n)], pa.string()),
+                     "day": pa.array([i % 3 for i in range(n)], pa.int64())})
+
+
+def served(disc: Discovery, catalog: Catalog, tmp_path: Path) -> list[dict[str, Any]]:
+    """Every row of every unit the scheduler would still sample (files live in the table), as staged."""
+    assert disc.schema is not None
+    staging = tmp_path / "staging"
+    staging.mkdir(exist_ok=True)
+    files = catalog.files()
+    out: list[dict[str, Any]] = []
+    for n, unit in enumerate(build_units(files)):
+        info = files[unit.path]
+        if info.removed or info.quarantined:
+            continue
+        r = run_task(SampleTask(key=f"t{n}", source=disc.remote.url, storage_options={}, path=unit.path,
+                                row_group=unit.row_group, schema=disc.schema.to_json(), staging_dir=str(staging),
+                                block_bytes=1 << 20, arrow_schema=disc.target_text(), file_size=info.size or 0,
+                                footer_bytes=info.footer or 0, partitions=dict(info.partitions)))
+        assert r.ok, r.error
+        for staged_path, _ in r.parts:
+            staged = read_staged(Path(staged_path))
+            for block in staged.blocks:
+                out.extend(decode_rows(block, disc.schema))
+            staged.close()
+            Path(staged_path).unlink()
+    return sorted(out, key=lambda r: r["id"])
+
+
+def truth(uri: str, names: list[str]) -> list[dict[str, Any]]:
+    return sorted(live_rows(uri).select(names).to_pylist(), key=lambda r: r["id"])
+
+
+def test_only_live_rows_are_sampled_as_the_table_changes(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    uri = str(tmp_path / "table")
+    write_delta(uri, rows(0, 100, ["en", "d/e f"]), tmp_path, partition_by=["lang", "day"])
+    write_delta(uri, rows(100, 50, ["en", None]), tmp_path, mode="overwrite", partition_by=["lang", "day"])
+    remote = FsspecRemote(f"file://{uri}")
+    disc = Discovery(remote, catalog, writer, None)
+    disc.run()
+    assert disc.schema is not None
+    # the partition columns typed as the table's schema has them (day int64: Hive inference would say int32)
+    assert disc.target is not None and disc.target.field("day").type == pa.int64()
+    names = disc.schema.names
+    assert sorted(names) == ["day", "id", "lang", "x"]
+    got = served(disc, catalog, tmp_path)
+    assert len(got) == 50 and got == truth(uri, names)  # not 150: the overwritten files are not live
+    assert {r["lang"] for r in got} == {"en", None}
+    info = disc.table_info()
+    assert info is not None and info["format"] == "delta" and info["version"] == 1 and info["rows"] == 50
+
+    # an append: new units; then a delete (delta-rs rewrites the files it touches): they leave the table
+    write_delta(uri, rows(150, 30, ["fr"]), tmp_path, partition_by=["lang", "day"])
+    assert len(disc.run()) == 3
+    assert served(disc, catalog, tmp_path) == truth(uri, names) and len(truth(uri, names)) == 80
+    delete_delta(uri, "id < 110 or id >= 175")
+    disc.run()
+    assert disc.removed_now > 0
+    removed = [p for p, i in catalog.files().items() if i.removed]
+    assert removed and all(p not in remote.sizes for p in removed)
+    got = served(disc, catalog, tmp_path)
+    assert got == truth(uri, names) and len(got) == 80 - 10 - 5
+    info = disc.table_info()
+    assert info is not None and info["version"] == 3 and info["removed_files"] == len(removed)
+
+
+def test_a_delta_table_without_deltalake_is_refused_with_the_extra(tmp_path: Path, cache: tuple[Catalog, Writer],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog, writer = cache
+    uri = str(tmp_path / "table")
+    write_delta(uri, rows(0, 10, ["en"]), tmp_path)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deltalake" else real(name, *a))
+    disc = Discovery(FsspecRemote(f"file://{uri}"), catalog, writer, None)
+    with pytest.raises(RemoteError, match=r"is a Delta Lake table .* pip install 'samplecache\[delta\]'"):
+        disc.run()
+    assert catalog.files() == {}  # never read as a plain folder
+
+
+@pytest.mark.parametrize("protocol, feature", [
+    ('{"minReaderVersion":3,"minWriterVersion":7,"readerFeatures":["deletionVectors"],'
+     '"writerFeatures":["deletionVectors"]}', "deletionVectors"),
+    ('{"minReaderVersion":2,"minWriterVersion":5}', "column mapping")])
+def test_deletion_vectors_and_column_mapping_are_refused_by_name(tmp_path: Path, cache: tuple[Catalog, Writer],
+                                                                 protocol: str, feature: str) -> None:
+    catalog, writer = cache
+    uri = tmp_path / "table"
+    version = write_delta(str(uri), rows(0, 10, ["en"]), tmp_path)
+    (uri / "_delta_log" / f"{version + 1:020d}.json").write_text(f'{{"protocol":{protocol}}}\n')
+    disc = Discovery(FsspecRemote(f"file://{uri}"), catalog, writer, None)
+    with pytest.raises(RemoteError, match=feature):
+        disc.run()
+    assert catalog.files() == {}
+
+
+def test_a_plain_folder_stays_a_plain_folder(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    uri = tmp_path / "table"
+    write_delta(str(uri), rows(0, 10, ["en"]), tmp_path)
+    # a folder that merely holds a Delta table below its root is listed as files
+    disc = Discovery(FsspecRemote(f"file://{tmp_path}"), catalog, writer, None)
+    disc.run()
+    assert disc.table_info() is None and len(catalog.files()) == 1
+
+
+def test_delta_options_from_fsspec_options() -> None:
+    opts = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:8333",
+                                                         "region_name": "eu-west-1"}}
+    assert delta_options(opts, None) == {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                                         "AWS_ENDPOINT_URL": "http://127.0.0.1:8333", "AWS_ALLOW_HTTP": "true",
+                                         "AWS_REGION": "eu-west-1"}
+    assert delta_options({}, "https://s3.example") == {"AWS_ENDPOINT_URL": "https://s3.example"}
+
+
+def test_status_shows_the_table() -> None:
+    table = {"format": "delta", "version": 3, "pinned": False, "files": 4, "rows": 65, "removed_files": 2,
+             "seen_at": 1.0}
+    assert TableStatus(**table).version == 3  # what /v1/status carries
+    status = {"source": "s3://b/t/", "cache_dir": "/c", "bytes": 0, "max_bytes": 1, "samples": 0, "shards": 0,
+              "disk_free": 1, "sampler": {"state": "sampling", "reason": None, "processes": 1, "in_flight": 0},
+              "ingest": {"samples_per_s": 0.0, "bytes_per_s": 0.0},
+              "remote": {"bytes_read": 0, "bytes_since_last_epoch": 0},
+              "pacing": {"mode": "epoch", "replace_per_epoch": 1.0, "max_ingest_rate": 0, "reason": None},
+              "jobs": 0, "coverage": None, "epochs_sealed": 0, "last_epoch": -1, "remote_errors": 0,
+              "last_error": None, "quarantined": [], "epochs": [], "files": None, "table": table}
+    rows = {line.split("  ")[0].strip(): line for line in format_status(status).splitlines()}
+    assert rows["table"].endswith("delta version 3 (newest), 4 live files, 65 rows; 2 files removed"), rows

@@ -1,0 +1,78 @@
+"""Lake tables for tests: Delta Lake tables written, changed and read by delta-rs (``deltalake``).
+
+Writes run in a subprocess: the process that ran ``write_deltalake`` may abort at exit after the table is written
+(TESTING.md), so a test checks the table, not the writer's exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+_WRITE = """
+import json, sys
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+uri, what, arg, opts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]) or None
+if what == "delete":
+    DeltaTable(uri, storage_options=opts).delete(arg)
+else:
+    spec = json.loads(arg)
+    table = pa.ipc.open_file(spec["data"]).read_all()
+    write_deltalake(uri, table, mode=what, partition_by=spec["partition_by"] or None, storage_options=opts)
+"""
+
+
+def s3_options(s3: Any) -> dict[str, str]:
+    """delta-rs options for the test S3 server (plain HTTP on loopback)."""
+    return {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": s3.key, "AWS_SECRET_ACCESS_KEY": s3.secret,
+            "AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true", "AWS_REGION": "us-east-1"}
+
+
+def _run(uri: str, what: str, arg: str, options: dict[str, str] | None) -> None:
+    subprocess.run([sys.executable, "-c", _WRITE, uri, what, arg, json.dumps(options or {})], check=False,
+                   timeout=120, capture_output=True)
+
+
+def write_delta(uri: str, table: pa.Table, tmp: Path, mode: str = "append", partition_by: list[str] | None = None,
+                options: dict[str, str] | None = None) -> int:
+    """Write ``table`` to the Delta table at ``uri`` (``mode``: append | overwrite); returns the new version."""
+    before = version(uri, options)
+    data = tmp / f"delta-write-{before + 1}.arrow"
+    with pa.ipc.new_file(data, table.schema) as w:
+        w.write_table(table)
+    _run(uri, mode, json.dumps({"data": str(data), "partition_by": partition_by}), options)
+    data.unlink()
+    after = version(uri, options)
+    assert after > before, f"the Delta write to {uri} did not commit (version {after})"
+    return after
+
+
+def delete_delta(uri: str, predicate: str, options: dict[str, str] | None = None) -> int:
+    """Delete the rows matching ``predicate`` (delta-rs rewrites their files); returns the new version."""
+    before = version(uri, options)
+    _run(uri, "delete", predicate, options)
+    after = version(uri, options)
+    assert after > before, f"the Delta delete on {uri} did not commit"
+    return after
+
+
+def version(uri: str, options: dict[str, str] | None = None) -> int:
+    from deltalake import DeltaTable
+
+    try:
+        return int(DeltaTable(uri, storage_options=options).version())
+    except Exception:  # noqa: BLE001 - no table yet
+        return -1
+
+
+def live_rows(uri: str, options: dict[str, str] | None = None) -> pa.Table:
+    """The table's rows as delta-rs reads them (the truth an epoch is checked against)."""
+    from deltalake import DeltaTable
+
+    return pa.table(DeltaTable(uri, storage_options=options).to_pyarrow_table())
