@@ -17,10 +17,10 @@ from lake_tables import delete_delta, live_rows, write_delta
 from samplecache.format.record import decode_rows
 from samplecache_service.cli import format_status
 from samplecache_service.http.models import TableStatus
+from samplecache_service.remote.delta import delta_options
 from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.planner import build_units
 from samplecache_service.remote.stores import FsspecRemote, RemoteError
-from samplecache_service.remote.tables import delta_options
 from samplecache_service.sampling.sampler import SampleTask, run_task
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.staging import read_staged

@@ -76,3 +76,18 @@ def live_rows(uri: str, options: dict[str, str] | None = None) -> pa.Table:
     from deltalake import DeltaTable
 
     return pa.table(DeltaTable(uri, storage_options=options).to_pyarrow_table())
+
+
+def iceberg_catalog(tmp: Path, warehouse: str, properties: dict[str, str] | None = None) -> Any:
+    """A pyiceberg SQL catalog on sqlite (no server) whose tables live under ``warehouse`` (file:// or s3://)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("test", uri=f"sqlite:///{tmp / 'iceberg-catalog.db'}", warehouse=warehouse,
+                         **(properties or {}))
+    catalog.create_namespace_if_not_exists("ns")
+    return catalog
+
+
+def iceberg_s3_properties(s3: Any) -> dict[str, str]:
+    return {"s3.endpoint": s3.endpoint, "s3.access-key-id": s3.key, "s3.secret-access-key": s3.secret,
+            "s3.region": "us-east-1"}

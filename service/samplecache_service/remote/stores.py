@@ -66,6 +66,21 @@ def skipped_files(others: Sequence[str], root: str, shown: int = 5) -> str:
     return f"{len(others)} other file(s) skipped: {', '.join(names)}" + (", ..." if len(others) > shown else "")
 
 
+def s3_endpoint(fs: Any) -> str | None:
+    """The endpoint s3fs resolved (its options, else AWS_ENDPOINT_URL or the profile, as botocore reads them), so
+    a table's reader (delta-rs, pyiceberg) talks to the same S3 as the samplers; None where it cannot be asked."""
+    try:
+        given = getattr(fs, "endpoint_url", None) or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
+        if given:
+            return str(given)
+        fs.connect()
+        resolved = str(fs.s3.meta.endpoint_url)
+        # AWS itself: the readers find the bucket's regional endpoint on their own
+        return None if resolved.endswith(".amazonaws.com") else resolved
+    except Exception:  # noqa: BLE001 - not s3fs, or no client: the readers then read the environment
+        return None
+
+
 class RemoteError(Exception):
     """The remote cannot be listed or opened (bad URL, unreachable, no Parquet files)."""
 

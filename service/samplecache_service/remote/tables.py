@@ -1,149 +1,49 @@
-"""Table sources: a Delta Lake table read through its log (delta-rs), so that only the files live in the table's
-version are sampled. A table's files are still Parquet, read one row group at a time by ``FsspecRemote``; only
-its listing differs: the log says which files are live (an overwrite leaves the old ones on storage until a
-vacuum) and what their partition values are. The version is read again at each listing.
+"""Table sources: a root that is a Delta Lake or an Iceberg table is read through its log or metadata, so that
+only the files live in the table's version are sampled (an overwrite leaves the old ones on storage until a vacuum
+or an expiry). A table's files are still Parquet, read one row group at a time by ``FsspecRemote``; only its
+listing differs.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import time
-from typing import Any, Mapping
+from typing import Any
 
-import pyarrow as pa
-
+from samplecache_service.remote.delta import DELTA_LOG, DeltaLog
+from samplecache_service.remote.iceberg import METADATA_DIR, IcebergMetadata, metadata_files
 from samplecache_service.remote.stores import FsspecRemote, RemoteError
 
-DELTA_LOG = "_delta_log"
-DELTA_EXTRA = "pip install 'samplecache[delta]'  (adds deltalake)"
-# reader features whose tables delta-rs lists correctly and whose files read as plain Parquet
-DELTA_SAFE_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "checkpointProtection"}
+# format -> (the package that reads it, the extra that installs it)
+READERS = {"delta": ("deltalake", "pip install 'samplecache[delta]'  (adds deltalake)"),
+           "iceberg": ("pyiceberg", "pip install 'samplecache[iceberg]'  (adds pyiceberg)")}
 
 
-def delta_options(storage_options: Mapping[str, Any], endpoint: str | None) -> dict[str, str]:
-    """delta-rs (object_store) options from the source's fsspec ones: credentials and endpoint; plain HTTP
-    allowed where the endpoint is http:// (a local S3 server). What is not given here delta-rs takes from the
-    usual AWS_* / AZURE_* / GOOGLE_* environment, as s3fs does."""
-    client = dict(storage_options.get("client_kwargs") or {})
-    names = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN"}
-    out = {names[k]: str(v) for k, v in storage_options.items() if k in names and v is not None}
-    endpoint = storage_options.get("endpoint_url") or client.get("endpoint_url") or endpoint
-    if endpoint:
-        out["AWS_ENDPOINT_URL"] = str(endpoint)
-        if str(endpoint).startswith("http://"):
-            out["AWS_ALLOW_HTTP"] = "true"
-    if client.get("region_name"):
-        out["AWS_REGION"] = str(client["region_name"])
-    return out
+def table_format(remote: FsspecRemote) -> str | None:
+    """``delta`` where the root holds ``_delta_log/``, ``iceberg`` where it holds ``metadata/*.metadata.json``,
+    else None (a folder of Parquet files)."""
+    root = remote.root.rstrip("/")
+    if remote.fs.isdir(f"{root}/{DELTA_LOG}"):
+        return "delta"
+    if remote.fs.isdir(f"{root}/{METADATA_DIR}") and metadata_files(remote):
+        return "iceberg"
+    return None
 
 
-def s3_endpoint(fs: Any) -> str | None:
-    """The endpoint s3fs resolved (its options, else AWS_ENDPOINT_URL or the profile, as botocore reads them), so
-    delta-rs talks to the same S3 as the samplers; None where it cannot be asked."""
+def find_table(remote: FsspecRemote) -> Any:
+    """The table at the source's root (refused, with the extra to install, when its reader is not installed: never
+    read as a plain folder), else None."""
     try:
-        given = getattr(fs, "endpoint_url", None) or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
-        if given:
-            return str(given)
-        fs.connect()
-        resolved = str(fs.s3.meta.endpoint_url)
-        # AWS itself: delta-rs finds the bucket's regional endpoint on its own
-        return None if resolved.endswith(".amazonaws.com") else resolved
-    except Exception:  # noqa: BLE001 - not s3fs, or no client: delta-rs then reads the environment itself
-        return None
-
-
-class DeltaLog:
-    """A Delta Lake table's log: its live files at the current version (or ``version``) and their partition
-    values, read again at every listing."""
-
-    format = "delta"
-
-    def __init__(self, remote: FsspecRemote, version: int | None = None) -> None:
-        self.url, self.root = remote.url, remote.root.rstrip("/")
-        self.pinned_version = version
-        self.version: int | None = None  # the version of the last listing
-        self.rows = 0  # rows of the live files, as the log says
-        self.seen_at: float | None = None  # when that version was read
-        self.partition_schema: pa.Schema | None = None  # the table's partition columns, typed as its schema says
-        self.parts: dict[str, dict[str, str | None]] = {}
-        protocol = getattr(remote.fs, "protocol", "file")
-        scheme = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
-        self.table_uri = self.root if scheme in ("file", "local") else f"{scheme}://{self.root}"
-        endpoint = s3_endpoint(remote.fs) if scheme in ("s3", "s3a") else None
-        self.options = delta_options(remote.storage_options, endpoint)
-
-    def _table(self) -> Any:
-        from deltalake import DeltaTable
-
-        try:
-            return DeltaTable(self.table_uri, version=self.pinned_version, storage_options=self.options or None)
-        except Exception as e:  # network, credentials, a damaged log: all surface the same way
-            raise RemoteError(f"cannot read the Delta table {self.url!r}: {type(e).__name__}: {e}") from e
-
-    def list_files(self, remote: FsspecRemote) -> list[str]:
-        """The live files of the table's version; their sizes and signatures (size and modification time, from
-        the log) set on ``remote`` as a listing sets them."""
-        dt = self._table()
-        refuse_unsupported(dt, self.url)
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        schema = pa.schema(dt.schema().to_arrow())
-        keys = list(dt.metadata().partition_columns)
-        self.partition_schema = pa.schema([schema.field(k) for k in keys])
-        # the log's values typed as the table's schema says, as text (as Hive folders give them)
-        texts = {k: actions.column(f"partition.{k}").cast(pa.string()).to_pylist() for k in keys}
-        paths = [f"{self.root}/{p}" for p in actions.column("path").to_pylist()]
-        sizes = [int(n) for n in actions.column("size_bytes").to_pylist()]
-        mtimes = actions.column("modification_time").to_pylist()
-        self.parts = {p: {k: texts[k][i] for k in keys} for i, p in enumerate(paths)}
-        remote.sizes = dict(zip(paths, sizes))
-        remote.signatures = {p: f"{s}:{m}" for p, s, m in zip(paths, sizes, mtimes)}
-        remote.others = []
-        records = actions.column("num_records").to_pylist() if "num_records" in actions.column_names else []
-        self.rows = sum(int(n or 0) for n in records)
-        self.version, self.seen_at = int(dt.version()), time.time()
-        if not paths:
-            raise RemoteError(f"the Delta table {self.url!r} has no data file at version {self.version}")
-        return sorted(paths)
-
-    def partitions(self, path: str) -> dict[str, str | None]:
-        """The file's partition values as the log gives them (never read from its path)."""
-        return dict(self.parts.get(path, {}))
-
-    def info(self) -> dict[str, Any]:
-        """What /v1/status shows of the table: its format, version, live files and rows, when it was read."""
-        return {"format": self.format, "version": self.version, "pinned": self.pinned_version is not None,
-                "files": len(self.parts), "rows": self.rows, "seen_at": self.seen_at}
-
-
-def refuse_unsupported(dt: Any, url: str) -> None:
-    """RemoteError naming the table feature samplecache cannot serve exactly: deletion vectors (their deleted rows
-    would be served) and column mapping (files' physical column names differ from the table's)."""
-    protocol = dt.protocol()
-    features = set(protocol.reader_features or ())
-    config = dict(dt.metadata().configuration or {})
-    mapping = config.get("delta.columnMapping.mode", "none")
-    if "columnMapping" in features or mapping != "none" or protocol.min_reader_version == 2:
-        raise RemoteError(f"the Delta table {url!r} uses column mapping (delta.columnMapping.mode={mapping}): "
-                          f"samplecache cannot serve it yet; rewrite it without column mapping")
-    if "deletionVectors" in features:
-        raise RemoteError(f"the Delta table {url!r} has the deletionVectors reader feature: samplecache cannot serve "
-                          f"it yet (its deleted rows would be served); rewrite it without deletion vectors "
-                          f"(delta.enableDeletionVectors=false, then REORG TABLE ... APPLY (PURGE))")
-    unknown = sorted(features - DELTA_SAFE_FEATURES)
-    if unknown:
-        raise RemoteError(f"the Delta table {url!r} has reader features samplecache does not serve: {unknown}")
-
-
-def find_table(remote: FsspecRemote) -> DeltaLog | None:
-    """The table at the source's root: a Delta table where it holds ``_delta_log/`` (refused, with the extra to
-    install, when deltalake is not installed: never read as a plain folder), else None (a folder of Parquet)."""
-    try:
-        is_delta = remote.fs.isdir(f"{remote.root.rstrip('/')}/{DELTA_LOG}")
+        kind = table_format(remote)
     except Exception as e:  # network, credentials: the same error a listing would give
         raise RemoteError(f"cannot list source {remote.url!r}: {type(e).__name__}: {e}") from e
-    if not is_delta:
+    if kind is None:
         return None
-    if importlib.util.find_spec("deltalake") is None:
-        raise RemoteError(f"source {remote.url!r} is a Delta Lake table (it holds {DELTA_LOG}/), and the deltalake "
-                          f"package that reads it is not installed: {DELTA_EXTRA}")
-    return DeltaLog(remote, remote.table_version)
+    package, extra = READERS[kind]
+    if importlib.util.find_spec(package) is None:
+        shown = {"delta": f"a Delta Lake table (it holds {DELTA_LOG}/)",
+                 "iceberg": f"an Iceberg table (it holds {METADATA_DIR}/*.metadata.json)"}[kind]
+        raise RemoteError(f"source {remote.url!r} is {shown}, and the {package} package that reads it is not "
+                          f"installed: {extra}")
+    if kind == "delta":
+        return DeltaLog(remote, remote.table_version)
+    return IcebergMetadata(remote, remote.table_version)
