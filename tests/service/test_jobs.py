@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from fake_clock import FakeClock as Clock
 
 from samplecache_service.epochs.jobs import PIN_GRACE_S, JobTable
 from samplecache_service.errors import Conflict, NotFound, ServiceError
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from fake_clock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,20 +16,9 @@ from samplecache_service.errors import Gone, Invalid, NotFound, ServiceError, To
 from samplecache_service.store.catalog import Shard
 
 
-class FakeClock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1_000_000.0)
 
 
 @pytest.fixture
@@ -257,7 +247,7 @@ def test_summary_shows_the_newest_and_counts_them_all(table: LeaseTable, clock: 
                           st.floats(0.1, 20.0)), max_size=60))
 def test_live_leases_match_a_model(ops: list[tuple[str, int, float]]) -> None:
     """Random take/heartbeat/release/clock steps against a dict model of expiry times."""
-    clock = FakeClock()
+    clock = FakeClock(1_000_000.0)
     table = LeaseTable(default_ttl=5.0, max_ttl=20.0, clock=clock)
     model: dict[str, tuple[int, float, float]] = {}  # id -> (epoch, ttl, expires_at)
     for op, k, x in ops:

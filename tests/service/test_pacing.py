@@ -4,18 +4,11 @@ settling estimates with real bytes."""
 from __future__ import annotations
 
 import pytest
+from fake_clock import FakeClock as Clock
 
 from samplecache_service.sampling.pacing import Pacer
 
 MB = 1_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_filling_is_never_paced() -> None:
@@ -93,7 +86,7 @@ def test_zero_share_keeps_the_sample_and_off_never_paces() -> None:
 
 
 def test_the_rate_cap_holds_while_filling_too() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     p = Pacer("epoch", 0.2, 10 * MB, clock=clock)
     sent = 0
     for step in range(100):  # 10 s in steps of 0.1 s, units of 1 MB
@@ -106,7 +99,7 @@ def test_the_rate_cap_holds_while_filling_too() -> None:
 
 
 def test_no_cap_runs_up_no_debt_for_a_cap_set_later() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     p = Pacer("epoch", 0.2, 0, clock=clock)
     for _ in range(1000):  # 100 GB fetched with no cap
         p.charge(100 * MB, 100 * MB, rolling=False)

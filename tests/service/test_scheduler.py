@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, cast
 
 import lmdb
 import pytest
+from fake_clock import FakeClock
 
 from samplecache_service.config.settings import Settings
 from samplecache_service.remote.discovery import Discovery
@@ -38,17 +39,6 @@ SOURCE = "s3://bucket/ds"
 
 
 # ----------------------------------------------------------------------------- fakes
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 class FakeCatalog:
     """What the scheduler reads of the catalog: the file table, meta, and which units are resident."""
 
