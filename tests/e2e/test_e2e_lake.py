@@ -4,6 +4,8 @@ on it; every epoch is checked row by row against what pyarrow.dataset (or the ta
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -123,3 +125,39 @@ def test_iceberg_table_serves_its_live_rows_as_it_changes(daemon: Any, s3: Any, 
     table.delete("id < 110")
     epoch_matches(70, "after a delete")
     assert status()["table"]["removed_files"] >= 1
+
+
+def send(url: str, method: str, token: str, body: Any = None) -> Any:
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), method=method,
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        raw = r.read()
+        return json.loads(raw) if raw else None
+
+
+def test_a_leased_epoch_keeps_the_removed_files_shards_until_its_lease_ends(
+        daemon: Any, s3: Any, prefix: str, tmp_path: Path, get: Callable[..., Any], until: Callable[..., Any]) -> None:
+    pytest.importorskip("deltalake")
+    uri, opts = f"s3://{prefix}/table", s3_options(s3)
+    write_delta(uri, delta_rows(0, 60, ["en"]), tmp_path, options=opts)
+    d = daemon(source=uri, extra=["--discover-interval", "1"])
+
+    def status() -> Any:
+        return get(d.url + "/v1/status").json()
+
+    def shard_ids() -> set[int]:
+        return {s["id"] for s in get(d.url + "/v1/shards?limit=1000").json()["shards"]}
+
+    until(lambda: status()["samples"] == 60, 60, "60 samples resident")
+    sealed = get(d.url + "/v1/epochs/0?min_samples=60&timeout=30").json()
+    old = {int(s[0]) if isinstance(s, list) else int(s["id"]) for s in sealed["shards"]}
+    lease = send(f"{d.url}/v1/epochs/0/leases", "POST", d.token, {"ttl": 300})
+    write_delta(uri, delta_rows(100, 40, ["fr"]), tmp_path, mode="overwrite", options=opts)
+    # the overwritten file's shards stay while epoch 0 is leased: its reader is never cut short
+    until(lambda: status()["table"]["version"] == 1 and status()["samples"] == 100, 60, "version 1 sampled")
+    assert old <= shard_ids()
+    # a new epoch names only the live rows
+    compare_table(by_id(read_epoch(d.url, 40)), live_rows(uri, opts), "while the old epoch is leased")
+    send(f"{d.url}/v1/epochs/0/leases/{lease['id']}", "DELETE", d.token)
+    until(lambda: status()["samples"] == 40, 30, "the removed file's shards evicted once the lease ended")
+    assert not old & shard_ids()

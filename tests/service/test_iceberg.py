@@ -127,3 +127,18 @@ def test_an_iceberg_table_without_pyiceberg_is_refused_with_the_extra(
     with pytest.raises(RemoteError, match=r"is an Iceberg table .* pip install 'samplecache\[iceberg\]'"):
         disc.run()
     assert catalog.files() == {}
+
+
+def test_a_pinned_snapshot_is_served_as_it_was(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    table = partitioned_table(tmp_path)
+    table.append(rows(0, 30, ["en", "de"]))
+    first = table.current_snapshot().snapshot_id
+    table.overwrite(rows(100, 10, ["fr"]))
+    location = table.location().removeprefix("file://")
+    disc = Discovery(FsspecRemote(f"file://{location}", table_version=first), catalog, writer, None)
+    disc.run()
+    want = table.scan(snapshot_id=first).to_arrow()
+    assert served(disc, catalog, tmp_path) == sorted(want.to_pylist(), key=lambda r: r["id"])
+    info = disc.table_info()
+    assert info is not None and (info["version"], info["pinned"], info["rows"]) == (first, True, 30)

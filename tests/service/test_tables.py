@@ -170,3 +170,21 @@ def test_status_shows_the_table() -> None:
               "last_error": None, "quarantined": [], "epochs": [], "files": None, "table": table}
     rows = {line.split("  ")[0].strip(): line for line in format_status(status).splitlines()}
     assert rows["table"].endswith("delta version 3 (newest), 4 live files, 65 rows; 2 files removed"), rows
+
+
+def test_a_pinned_version_is_served_as_it_was(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    from deltalake import DeltaTable
+
+    catalog, writer = cache
+    uri = str(tmp_path / "table")
+    write_delta(uri, rows(0, 40, ["en"]), tmp_path)
+    write_delta(uri, rows(100, 10, ["fr"]), tmp_path, mode="overwrite")
+    disc = Discovery(FsspecRemote(f"file://{uri}", table_version=0), catalog, writer, None)
+    disc.run()
+    assert disc.schema is not None
+    want = pa.table(DeltaTable(uri, version=0).to_pyarrow_table()).select(disc.schema.names)
+    assert served(disc, catalog, tmp_path) == sorted(want.to_pylist(), key=lambda r: r["id"])
+    info = disc.table_info()
+    assert info is not None and (info["version"], info["pinned"], info["rows"]) == (0, True, 40)
+    write_delta(uri, rows(200, 5, ["it"]), tmp_path)
+    assert disc.run() == [] and len(served(disc, catalog, tmp_path)) == 40  # later versions are not followed

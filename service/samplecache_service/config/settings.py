@@ -150,6 +150,9 @@ class Settings(BaseSettings):
     schema_file: Path | None = Field(None, description="A Parquet or Arrow IPC file whose schema pins the dataset's "
                                      "(e.g. pq.write_table(schema.empty_table(), 'schema.parquet')); "
                                      "default: the files' schemas unified")
+    table_version: int | None = Field(None, ge=0, description="A table source's version to serve, pinned: a Delta "
+                                      "table's version or an Iceberg table's snapshot id (default: the newest, "
+                                      "followed as it changes)")
     epoch_wait_max: float = Field(600.0, gt=0, le=DAY, description="Longest wait (s) a manifest request may ask "
                                   "for with min_samples")
     epochs_kept: int = Field(64, ge=1, le=1_000_000, description="Sealed epoch manifests kept besides those "
