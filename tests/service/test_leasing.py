@@ -124,7 +124,28 @@ def test_a_new_epoch_is_pinned_until_its_first_lease_and_a_release_unpins_it_at_
     assert cache.epochs.pinned_epochs() == {0, 1}  # just sealed: pinned while their readers start
     lease = cache.leasing.take(0).result(timeout=10)
     assert cache.epochs.pinned_epochs() == {0, 1}  # 0 by its lease now
-    cache.leasing.release(0, lease.id)
+    cache.leasing.release(0, lease.id, read=5)
     assert cache.epochs.pinned_epochs() == {1}, "a released lease unpins at once: no TTL-long pin is left"
     cache.epochs._fresh[1] -= PIN_GRACE_S  # never leased: the grace ran out
     assert cache.epochs.pinned_epochs() == set()
+
+
+def test_a_lease_handed_back_unread_keeps_its_epoch_pinned_briefly(cache: Cache) -> None:
+    cache.seal(0)
+    ahead = cache.leasing.take(0).result(timeout=10)  # a worker took the next epoch's lease ahead, then exited
+    cache.leasing.release(0, ahead.id, read=0)
+    assert cache.epochs.pinned_epochs() == {0}, "the workers that read it next have PIN_GRACE_S to lease it"
+    lease = cache.leasing.take(0).result(timeout=10)
+    cache.leasing.release(0, lease.id, read=7)  # read, then released: unpinned at once
+    assert cache.epochs.pinned_epochs() == set()
+
+
+def test_a_lease_end_writes_its_record_and_the_job_table_in_one_commit(cache: Cache) -> None:
+    cache.seal(0)
+    lease = cache.leasing.take(0).result(timeout=10)
+    cache.writer.submit(lambda txn: None).result()
+    commits = cache.writer.commits
+    cache.leasing.release(0, lease.id, read=3)
+    cache.writer.submit(lambda txn: None).result()
+    assert cache.writer.commits - commits == 2  # the release, and the no-op just above
+    assert "jobs" in cache.meta_keys() and LEASE_PREFIX + lease.id not in cache.meta_keys()

@@ -194,7 +194,7 @@ class EpochSource:
             try:
                 plan = self.plan(epoch)
                 # Lease it now, so its shards stay pinned until it is read. A worker that is not persistent
-                # releases it when it exits; the job's new mapping pins the epoch for a TTL meanwhile.
+                # releases it unread when it exits, which keeps the epoch pinned for the next workers' leases.
                 if lease and self.cache.lease and epoch not in self._keepers and epoch not in self._started \
                         and not self.closed:
                     self._store_ahead(epoch, self._new_keeper(plan, holder))

@@ -109,11 +109,14 @@ class Leasing:
 
     def ended(self, leases: Iterable[Lease]) -> None:
         """Leases were released or expired: their readers' samples count for their jobs' epochs, and their
-        records go."""
+        records go, with the job table, in one commit. A lease that ends with nothing read was taken ahead
+        (a worker fetched the next epoch, then exited): its epoch stays pinned for PIN_GRACE_S, the hand-over
+        to the workers that read it; one that read something unpins at once."""
         records: dict[str, dict[str, Any] | None] = {}
         for lease in leases:
             self.jobs.add_read(lease.job, lease.job_epoch, lease.read)
             records[lease.id] = None
+            if lease.read == 0:
+                self.epochs.hold(lease.epoch)
         if records:
-            self.writer.put_leases(records)
-            self.save_jobs()
+            self.writer.put_leases(records, meta=lambda: {"jobs": self.jobs.saved()})

@@ -189,11 +189,16 @@ class EpochManager:
             if granted:
                 self._unread[epoch] = now
         if not granted:
-            log.info("epoch %d grants no replacement: epochs %s were granted one and nobody leased them", epoch,
-                     unread, extra={"event": "grant_withheld", "epoch": epoch})
+            if epoch not in unread:  # else another job reuses it before its lease: no news
+                log.info("epoch %d grants no replacement: epochs %s were granted one and nobody leased them",
+                         epoch, unread, extra={"event": "grant_withheld", "epoch": epoch})
             return False
         self.on_new_epoch(epoch)
         return True
+
+    def hold(self, epoch: int) -> None:
+        """Pin ``epoch`` until its next lease, for PIN_GRACE_S at most (a lease taken ahead was handed back)."""
+        self._mark_fresh(epoch)
 
     def _mark_fresh(self, epoch: int) -> None:
         """``epoch`` is pinned until its first lease, for PIN_GRACE_S at most (pinned_epochs)."""
@@ -270,6 +275,8 @@ class EpochManager:
             if cap <= 0 and self._sealed_from.get(last) == self._made_from() \
                     and int(summary.get("samples", 0)) >= max(1, min_samples):
                 self._mark_fresh(last)  # pinned from now until its lease, as a new seal is
+                # an eviction the writer had under way is committed and in the catalog after this no-op
+                await asyncio.wrap_future(self.writer.submit(lambda txn: None))
                 if self._sealed_from.get(last) == self._made_from():  # and nothing went meanwhile
                     self.grant(last)  # a new job epoch starts on it: one more share of replacement
                     return last

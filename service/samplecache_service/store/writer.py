@@ -269,10 +269,17 @@ class Writer:
 
         return self.submit(op, after)
 
-    def put_leases(self, changes: Mapping[str, dict[str, Any] | None], drop_legacy: bool = False) -> "Future[None]":
-        """Store lease records, one key each (``None``: drop it); ``drop_legacy``: drop the old one-blob table."""
+    def put_leases(self, changes: Mapping[str, dict[str, Any] | None], drop_legacy: bool = False,
+                   meta: Callable[[], dict[str, Any]] | None = None) -> "Future[None]":
+        """Store lease records, one key each (``None``: drop it); ``drop_legacy``: drop the old one-blob table;
+        ``meta``: meta values written in the same commit (as ``put_meta``: called on this thread)."""
+        got: dict[str, Any] = {}
+
         def op(txn: lmdb.Transaction) -> None:
             db = self.dbs[b"meta"]
+            got.update(meta() if meta is not None else {})
+            for k, v in got.items():
+                txn.put(k.encode(), json.dumps(v).encode(), db=db)
             for lease_id, record in changes.items():
                 key = (LEASE_PREFIX + lease_id).encode()
                 if record is None:
@@ -282,7 +289,11 @@ class Writer:
             if drop_legacy:
                 txn.delete(b"leases", db=db)
 
-        return self.submit(op)
+        def after(_: None) -> None:
+            for k, v in got.items():
+                self.catalog.set_meta(k, v)
+
+        return self.submit(op, after)
 
     def put_files(self, files: Mapping[str, FileInfo]) -> "Future[None]":
         def op(txn: lmdb.Transaction) -> None:
