@@ -186,7 +186,10 @@ def _files_row(files: dict[str, Any] | None) -> str:
     """``3 Parquet files, 2 other file(s) skipped: README.txt, data.csv`` (``-`` before the first listing)."""
     if not files:
         return "-"
-    return f"{files['parquet']} Parquet files" + (f", {files['skipped_text']}" if files["skipped"] else "")
+    out = f"{files['parquet']} Parquet files" + (f", {files['skipped_text']}" if files["skipped"] else "")
+    if files.get("filter"):
+        out += f"; --filter {files['filter']} leaves out {files.get('outside_filter', 0)}"
+    return out
 
 
 def _table_row(t: dict[str, Any]) -> str:

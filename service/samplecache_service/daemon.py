@@ -23,6 +23,7 @@ from samplecache_service.ops.control import configure
 from samplecache_service.ops.health import Health
 from samplecache_service.ops.history import History, Recorder
 from samplecache_service.remote.discovery import Discovery
+from samplecache_service.remote.filters import FilterError
 from samplecache_service.remote.planner import Planner
 from samplecache_service.remote.schemas import SchemaConflict
 from samplecache_service.remote.stores import FsspecRemote
@@ -113,8 +114,9 @@ class Daemon:
         self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
         try:
             self.discovery = Discovery(self.remote, self.catalog, self.writer, settings.columns,
-                                       settings.part_bytes, settings.schema_file) if self.remote else None
-        except SchemaConflict as e:
+                                       settings.part_bytes, settings.schema_file,
+                                       settings.filter) if self.remote else None
+        except (SchemaConflict, FilterError) as e:
             self.writer.close()
             self.env.close()
             os.close(self._lock_fd)

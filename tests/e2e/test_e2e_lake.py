@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
+from byteproxy import ByteProxy
 from epoch_check import by_id, compare_table, read_epoch, upload
 from lake_tables import delete_delta, iceberg_catalog, iceberg_s3_properties, live_rows, s3_options, write_delta
 
@@ -161,3 +163,43 @@ def test_a_leased_epoch_keeps_the_removed_files_shards_until_its_lease_ends(
     send(f"{d.url}/v1/epochs/0/leases/{lease['id']}", "DELETE", d.token)
     until(lambda: status()["samples"] == 40, 30, "the removed file's shards evicted once the lease ended")
     assert not old & shard_ids()
+
+
+@pytest.fixture
+def proxy(s3: Any) -> Iterator[ByteProxy]:
+    """Set up before ``daemon``, so torn down after the daemons are stopped."""
+    with ByteProxy(s3.port) as p:
+        yield p
+    assert not p.alive
+
+
+def test_a_filter_fetches_nothing_of_the_partitions_it_leaves_out(proxy: ByteProxy, daemon: Any, s3: Any,
+                                                                  prefix: str, tmp_path: Path,
+                                                                  get: Callable[..., Any]) -> None:
+    local = tmp_path / "hive"
+    rng = np.random.default_rng(0)
+    left_out = 0
+    for lang, files, rows in (("en", 1, 40), ("de", 1, 40), ("fr", 20, 50)):
+        for k in range(files):
+            folder = local / f"lang={lang}"
+            folder.mkdir(parents=True, exist_ok=True)
+            # fr: 20 files of 200 KB of noise; reading only their footers would fetch 20 x 64 KiB
+            blob = [rng.bytes(4096 if lang == "fr" else 8) for _ in range(rows)]
+            t = pa.table({"id": pa.array(range(1000 * k + 100 * len(lang) + ord(lang[0]) * 10000,
+                                               1000 * k + 100 * len(lang) + ord(lang[0]) * 10000 + rows), pa.int64()),
+                          "blob": pa.array(blob, pa.binary())})
+            pq.write_table(t, folder / f"part-{k}.parquet", compression="none")
+            upload(s3, folder / f"part-{k}.parquet", f"{prefix}/lang={lang}/part-{k}.parquet")
+            left_out += (folder / f"part-{k}.parquet").stat().st_size if lang == "fr" else 0
+    assert left_out > 20 * 200_000
+    env = s3.env()
+    env["AWS_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL_S3"] = proxy.endpoint
+    d = daemon(source=f"s3://{prefix}", env=env, extra=["--filter", "lang in ('en', 'de')"])
+    want = pads.dataset(local, format="parquet", partitioning="hive").to_table(
+        filter=pads.field("lang").isin(["en", "de"]))
+    assert want.num_rows == 80
+    compare_table(by_id(read_epoch(d.url, 80)), want, "filtered partitions")
+    files = get(d.url + "/v1/status").json()["files"]
+    assert (files["parquet"], files["outside_filter"], files["filter"]) == (22, 20, "lang in ('en', 'de')"), files
+    # listings, the two files read and the HTTP around them: far less than one footer read of each fr file
+    assert proxy.downloaded < 20 * 64 * 1024 / 4, proxy.downloaded

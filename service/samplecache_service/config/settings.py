@@ -150,6 +150,9 @@ class Settings(BaseSettings):
     schema_file: Path | None = Field(None, description="A Parquet or Arrow IPC file whose schema pins the dataset's "
                                      "(e.g. pq.write_table(schema.empty_table(), 'schema.parquet')); "
                                      "default: the files' schemas unified")
+    filter: str | None = Field(None, description="Sample only the partitions this matches, e.g. \"lang in ('en', "
+                               "'de') and date >= '2024-01-01'\" (SQL over partition columns; decided from the "
+                               "listing, so nothing outside it is fetched)")
     table_version: int | None = Field(None, ge=0, description="A table source's version to serve, pinned: a Delta "
                                       "table's version or an Iceberg table's snapshot id (default: the newest, "
                                       "followed as it changes)")

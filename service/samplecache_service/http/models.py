@@ -100,6 +100,9 @@ class FilesListed(BaseModel):
     skipped: int = Field(description="Other files it found and skipped (README.txt, data.csv, _SUCCESS)")
     skipped_text: str = Field(description="The skipped files in words: how many, and the first few by name")
     listed_at: float = Field(description="When the source was last listed (Unix time)")
+    filter: str | None = Field(None, description="The partition filter (--filter) in use; null: none")
+    outside_filter: int = Field(0, description="Parquet files the filter left out of the last listing (never "
+                                "fetched)")
 
 
 class TableStatus(BaseModel):

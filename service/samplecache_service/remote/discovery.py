@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from samplecache.format.record import Schema
 from samplecache_service.remote.columns import UnsupportedColumn, infer_schema
+from samplecache_service.remote.filters import FilterError, parse_filter
 from samplecache_service.remote.partitions import check_values, partition_types, with_partitions
 from samplecache_service.remote.planner import plan_units
 from samplecache_service.remote.schemas import (
@@ -36,8 +37,13 @@ FOOTER_THREADS = 8
 
 class Discovery:
     def __init__(self, remote: RemoteStore, catalog: Catalog, writer: Writer, columns: list[str] | None,
-                 unit_bytes: int = 64 << 20, schema_file: Path | None = None) -> None:
+                 unit_bytes: int = 64 << 20, schema_file: Path | None = None,
+                 partition_filter: str | None = None) -> None:
         self.remote, self.catalog, self.writer, self.columns = remote, catalog, writer, columns
+        # only files whose partition values match are sampled (FilterError at start when it is not a filter)
+        self.filter = parse_filter(partition_filter) if partition_filter else None
+        self.outside_filter = 0  # files of the last listing that the filter left out
+        self._types: dict[str, pa.DataType] = {}  # partition columns' types, over the last listing
         self.unit_bytes = unit_bytes
         raw = catalog.meta("schema")
         self.schema: Schema | None = Schema.from_json(raw) if raw else None
@@ -75,7 +81,8 @@ class Discovery:
             return None
         root = str(getattr(self.remote, "root", ""))
         return {"parquet": self.parquet_files, "skipped": len(self.others), "listed_at": self.listed_at,
-                "skipped_text": skipped_files(self.others, root) if self.others else ""}
+                "skipped_text": skipped_files(self.others, root) if self.others else "",
+                "filter": self.filter.text if self.filter else None, "outside_filter": self.outside_filter}
 
     @property
     def is_table(self) -> bool:
@@ -93,7 +100,10 @@ class Discovery:
     def run(self) -> list[str]:
         """List the source; record the new files (units or quarantine), and look again at quarantined files that
         changed (size/ETag/mtime) or were released by hand. Returns the paths whose units are new."""
-        paths = self.remote.list_files()
+        listed = self.remote.list_files()
+        parts = {p: self.remote.partitions(p) for p in listed}
+        self._types = self._partition_types(parts)
+        paths = self._filtered(listed, parts)
         others = list(getattr(self.remote, "others", []) or [])
         sigs: dict[str, str] = getattr(self.remote, "signatures", {}) or {}
         # before the dataset has a schema, every file is looked at again (a failed start decided nothing)
@@ -104,12 +114,12 @@ class Discovery:
             log.info("source %s: %d Parquet file(s), %d new; %s", self.remote.url, len(paths), len(new),
                      skipped_files(others, root) if others else "no other files",
                      extra={"event": "files_discovered", "path": self.remote.url})
-        self.parquet_files, self.others, self.listed_at = len(paths), others, time.time()
+        self.parquet_files, self.others, self.listed_at = len(listed), others, time.time()
         # known files looked at again: a quarantined one released by hand, and any one that changed (replaced in
         # place: its footer, size and units are read anew, so that no sampler reads it at its old size)
         again = [p for p in paths if p in known and (known[p].quarantined and known[p].recheck or (
             sigs.get(p) and known[p].signature not in (None, sigs.get(p))))]
-        self.removed_now = self._follow_table(paths, known)
+        self.removed_now = self._prune(paths, known, set(listed) - set(paths))
         if not new and not again:
             return []
         seq = 1 + max((i.seq for i in known.values()), default=0)
@@ -144,14 +154,30 @@ class Discovery:
                               + (": " + "; ".join(reasons[:3]) if reasons else ""))
         return sorted(p for p in fresh if not found[p].quarantined or p in new)
 
-    def _follow_table(self, paths: list[str], known: dict[str, FileInfo]) -> int:
-        """A table's files that left its version (overwrite, delete, optimize) marked removed, and any that came
-        back (a restore) live again; returns how many left. A folder's listing marks nothing: a file missing
-        from it is a failure to read, not a change of the data."""
-        if getattr(self.remote, "table", None) is None:
-            return 0
+    def _filtered(self, listed: list[str], parts: dict[str, dict[str, str | None]]) -> list[str]:
+        """The listed files inside the filter (all without one): decided from the listing, so nothing of a file
+        outside it is fetched."""
+        if self.filter is None:
+            return listed
+        try:
+            self.filter.check_columns(self._types)
+            paths = [p for p in listed if self.filter.matches(parts[p], self._types)]
+        except FilterError as e:
+            raise RemoteError(f"source {self.remote.url!r}: {e}") from None
+        self.outside_filter = len(listed) - len(paths)
+        if not paths:
+            raise RemoteError(f"no file of source {self.remote.url!r} is inside --filter {self.filter.text!r} "
+                              f"({len(listed)} file(s) listed)")
+        return paths
+
+    def _prune(self, paths: list[str], known: dict[str, FileInfo], outside: set[str]) -> int:
+        """Files that left a table's version (overwrite, delete, optimize) or that the filter leaves out marked
+        removed, and any that came back (a restore, a wider filter) live again; returns how many left. A file
+        missing from a folder's listing is not marked: that is a failure to read, not a change of the data."""
+        table = getattr(self.remote, "table", None) is not None
         live = set(paths)
-        gone = {p: replace(i, removed=True) for p, i in known.items() if p not in live and not i.removed}
+        gone = {p: replace(i, removed=True) for p, i in known.items()
+                if p not in live and not i.removed and (table or p in outside)}
         back = {p: replace(known[p], removed=False) for p in paths if p in known and known[p].removed}
         if gone or back:
             self.writer.put_files({**gone, **back}).result()
@@ -188,7 +214,7 @@ class Discovery:
         target = fixed
         names: dict[str, None] = {}  # the files' own columns (normalize keeps only the wanted ones), for errors
         fitting = 0  # files that fit: a pinned schema that no file fits is not adopted (the start fails)
-        types = self._partition_types(footers, fixed)
+        types = self._types
         for path, info, schema in footers:
             found[path] = info
             if schema is None:
@@ -220,11 +246,10 @@ class Discovery:
                 log.warning("column %r is left out: %s", name, why, extra={"event": "column_skipped"})
         return found
 
-    def _partition_types(self, footers: list[tuple[str, FileInfo, pa.Schema | None]],
-                         fixed: pa.Schema | None) -> dict[str, pa.DataType]:
+    def _partition_types(self, parts: dict[str, dict[str, str | None]]) -> dict[str, pa.DataType]:
         """Partition columns' types: as the cache's or the pinned schema has them, else as the table's own schema
-        (Delta) says, else inferred over the values of every file the source has (as pyarrow.dataset infers them
-        over a whole dataset)."""
+        (Delta) says, else inferred over the values of every file listed (as pyarrow.dataset infers them over a
+        whole dataset)."""
+        fixed = self.target if self.target is not None else self.pinned
         given = fixed if fixed is not None else getattr(self.remote, "partition_schema", None)
-        known = [i.partitions for i in self.catalog.files().values() if not i.quarantined and not i.removed]
-        return partition_types(known + [i.partitions for _, i, s in footers if s is not None], given)
+        return partition_types(parts.values(), given)
