@@ -35,6 +35,7 @@ per record. Keys sort by shard id, so age order is key order.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -107,6 +108,12 @@ class Column:
         return cls(name=obj["name"], kind=kind, dtype=obj.get("dtype"),
                    shape=tuple(obj.get("shape", ())), nullable=bool(obj.get("nullable", False)),
                    type=obj.get("type"), tz=obj.get("tz"), arrow=obj.get("arrow"), info=obj.get("info"))
+
+    @functools.cached_property
+    def ext(self) -> str | None:
+        """The extension type a binary column's values decode to (``nested.EXTENSIONS``: uuid...), if any: looked
+        up once, not per cell."""
+        return self.type.get("ext") if self.type is not None else None
 
     def type_node(self) -> Mapping[str, Any]:
         """The type tree of the nested layout (``samplecache.format.nested``)."""
@@ -298,7 +305,7 @@ class BlockView:
         raw = data[a:b].tobytes()
         if kind == "string":
             return raw.decode("utf-8")
-        ext = self.schema.columns[ci].type_node().get("ext")
+        ext = self.schema.columns[ci].ext
         return raw if ext is None else nested.EXTENSIONS[ext](raw)
 
     def row(self, i: int, cols: Sequence[int]) -> dict[str, Any]:
