@@ -265,3 +265,22 @@ def test_samplers_that_die_at_start_are_restarted_with_backoff_a_crash_loop_and_
     assert done.ok and done.task.key == "waits"
     _until(lambda: len(_worker_pids(sup)) == 2)  # both slots are back
     assert sup.stop() == []
+
+
+def test_a_crash_loop_is_every_slot_failing_twice_not_one_bad_moment_of_a_large_pool() -> None:
+    assert Supervisor(8, Results()).respawn.policy.loop_failures == 16
+    assert Supervisor(1, Results()).respawn.policy.loop_failures == RespawnPolicy().loop_failures
+
+
+def test_a_clean_start_starts_the_slots_waiting_out_a_backoff_now() -> None:
+    now = [100.0]
+    sup = Supervisor(3, Results(), clock=lambda: now[0])
+    for _ in range(2):
+        sup._start_failed("boom")  # two slots wait out their backoff
+    assert all(t > now[0] for t in sup._due)
+
+    class Ready:
+        ready = False
+
+    sup._ready(Ready())  # type: ignore[arg-type]
+    assert sup._due == [now[0], now[0]] and sup.respawn.in_a_row == 0

@@ -11,6 +11,7 @@ tight respawn loop. Stopping is polite first, then terminate -> kill -> join.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -91,7 +92,9 @@ class Supervisor:
         self._stopping = threading.Event()
         self.restarts = 0
         self.failure: str | None = None  # why the pool's thread ended, if it did
-        self.respawn = Respawn(respawn)
+        # a crash loop is every slot failing at start, twice: one bad moment of a large pool (each of 16 samplers
+        # failing once together) is not one
+        self.respawn = Respawn(dataclasses.replace(respawn, loop_failures=max(respawn.loop_failures, 2 * self.size)))
         self.clock = clock
         self._due: list[float] = []  # when to start a worker in each empty slot (after a start failure)
 
@@ -175,6 +178,9 @@ class Supervisor:
     def _ready(self, w: _Worker) -> None:
         w.ready = True
         failures = self.respawn.in_a_row
+        if failures:  # starts work again: the slots still waiting out a backoff start now
+            with self._lock:
+                self._due = [min(t, self.clock()) for t in self._due]
         if self.respawn.started():
             log.warning("a sampler process started cleanly after %d start failures: the crash loop is over",
                         failures, extra={"event": "sampler_crash_loop_ended"})
