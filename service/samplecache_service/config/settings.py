@@ -16,7 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from samplecache.format.constants import MAX_NUMBER
-from samplecache_service.config.mapsize import MAX_BUDGET, GiB, map_size_for
+from samplecache_service.config.mapsize import MAP_FACTOR, MAX_BUDGET, GiB, map_size_for
 
 Pacing = Literal["epoch", "off"]
 Auth = Literal["token", "off"]
@@ -223,8 +223,8 @@ class Settings(BaseSettings):
     def _not_absurd(cls, v: ByteSize, info: ValidationInfo) -> ByteSize:
         limit = SIZE_LIMITS[str(info.field_name)]
         if v > limit and info.field_name == "max_bytes":
-            raise ValueError(f"its LMDB map ({map_size_for(v)} bytes: 4 x the budget + 1 GiB) is more than a 64-bit "
-                             f"process can map: at most {limit // GiB}GiB")
+            raise ValueError(f"its LMDB map ({map_size_for(v)} bytes: {MAP_FACTOR} x the budget + 1 GiB) is more than "
+                             f"a 64-bit process can map: at most {limit // GiB}GiB")
         if v > limit:
             raise ValueError(f"must be at most {limit} bytes ({limit / GiB:g}GiB)")
         return v
