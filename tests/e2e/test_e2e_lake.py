@@ -163,6 +163,8 @@ def test_a_leased_epoch_keeps_the_removed_files_shards_until_its_lease_ends(
     send(f"{d.url}/v1/epochs/0/leases/{lease['id']}", "DELETE", d.token)
     until(lambda: status()["samples"] == 40, 30, "the removed file's shards evicted once the lease ended")
     assert not old & shard_ids()
+    metrics = get(d.url + "/metrics").body.decode()
+    assert f'samplecache_evictions_total{{reason="removed"}} {float(len(old))}' in metrics, metrics[:2000]
 
 
 @pytest.fixture

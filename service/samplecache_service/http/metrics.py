@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 PREFIX = "samplecache_"
 ERROR_CLASSES = tuple(k.value for k in ErrorKind)  # every class has its series from the start
-EVICTION_REASONS = ("ingest", "config")  # writer.Writer.evicted
+EVICTION_REASONS = ("ingest", "config", "removed")  # writer.Writer.evicted
 QUARANTINE_KINDS = (ErrorKind.CORRUPT.value, ErrorKind.SCHEMA.value)
 SAMPLER_STATES = ("discovering", "sampling", "paused", "remote error", "crash loop")  # Scheduler.state
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # any other: "other"
@@ -104,7 +104,8 @@ class DaemonCollector:
                      d.disk.free_or_zero())
         yield _gauge("min_free_disk_bytes", "The free-disk guard: sampling pauses below it", d.min_free_disk)
         yield _by(CounterMetricFamily(PREFIX + "evictions", "Shards evicted since start, by reason (ingest: to "
-                                      "make room for a new shard; config: the budget or policy changed)",
+                                      "make room for a new shard; config: the budget or policy changed; removed: "
+                                      "their file left its table or the filter)",
                                       labels=["reason"]), _every(EVICTION_REASONS, d.writer.evicted))
         yield _by(CounterMetricFamily(PREFIX + "evicted_bytes", "Bytes of the shards evicted since start, by reason",
                                       labels=["reason"]), _every(EVICTION_REASONS, d.writer.evicted_bytes))
