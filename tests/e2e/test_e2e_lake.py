@@ -16,7 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 from byteproxy import ByteProxy
 from epoch_check import by_id, compare_table, read_epoch, upload
-from lake_tables import delete_delta, iceberg_catalog, iceberg_s3_properties, live_rows, s3_options, write_delta
+from lake_tables import (
+    delete_delta,
+    iceberg_catalog,
+    iceberg_s3_properties,
+    live_rows,
+    s3_options,
+    spark_hive,
+    write_delta,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +59,28 @@ def test_hive_partition_columns_are_served(daemon: Any, s3: Any, prefix: str, tm
     assert {(s["partitions"]["lang"], s["partitions"]["year"]) for s in shards} == {
         ("en", "2023"), ("en", "2024"), ("d/e f", "2024"), (None, "2024")}, shards
     assert all(s["partitions"]["lang"] == "en" for s in shards if "/lang=en/" in s["path"])
+
+
+def test_a_dataset_spark_partitioned_is_served_as_spark_reads_it(daemon: Any, s3: Any, prefix: str, tmp_path: Path,
+                                                                  get: Callable[..., Any]) -> None:
+    # pyspark (300 MB, and Java 17) is not in the test extra: pip install pyspark to run this one (~40 s to start)
+    pytest.importorskip("pyspark")
+    out = tmp_path / "spark"
+    # a value with '/', ':', '=', '%' (Spark escapes them), one with a space (it does not), and a null
+    rows = [(i, i / 2, ["en", "d/e f", "a:b=c%", None][i % 4], 2023 + i % 2) for i in range(40)]
+    spark = spark_hive(out, rows)
+    assert spark["schema"] == "struct<id:bigint,x:double,lang:string,year:int>"
+    names = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name == "_SUCCESS" for p in names) and any(p.name.endswith(".crc") for p in names)
+    assert any("a%3Ab%3Dc%25" in str(p) for p in names) and any("__HIVE_DEFAULT_PARTITION__" in str(p) for p in names)
+    for p in names:
+        upload(s3, p, f"{prefix}/{p.relative_to(out)}")
+    want = pa.Table.from_pylist(spark["rows"], schema=pa.schema([("id", pa.int64()), ("x", pa.float64()),
+                                                                 ("lang", pa.string()), ("year", pa.int32())]))
+    d = daemon(source=f"s3://{prefix}")
+    compare_table(by_id(read_epoch(d.url, len(rows))), want, "Spark's partitions")
+    files = get(d.url + "/v1/status").json()["files"]
+    assert files["parquet"] == 4 and files["skipped"] == 6, files  # _SUCCESS and the .crc files
 
 
 def delta_rows(start: int, n: int, langs: list[str | None]) -> pa.Table:

@@ -91,3 +91,29 @@ def iceberg_catalog(tmp: Path, warehouse: str, properties: dict[str, str] | None
 def iceberg_s3_properties(s3: Any) -> dict[str, str]:
     return {"s3.endpoint": s3.endpoint, "s3.access-key-id": s3.key, "s3.secret-access-key": s3.secret,
             "s3.region": "us-east-1"}
+
+
+_SPARK = """
+import json, sys
+from pyspark.sql import SparkSession
+out, dump = sys.argv[1], sys.argv[2]
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.sql.shuffle.partitions", "1").getOrCreate())
+rows = json.loads(sys.argv[3])
+df = spark.createDataFrame([tuple(r) for r in rows], "id long, x double, lang string, year int")
+df.coalesce(1).write.partitionBy("lang", "year").parquet(out)
+back = spark.read.parquet(out)
+json.dump({"schema": back.schema.simpleString(), "rows": [r.asDict() for r in back.collect()]}, open(dump, "w"))
+spark.stop()
+"""
+
+
+def spark_hive(out: Path, rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """A Hive-partitioned dataset (by lang, year) written by Spark (local[1]) at ``out``, and Spark's own read of
+    it back: {"schema": ..., "rows": [...]}."""
+    dump = out.parent / f"{out.name}-spark.json"
+    subprocess.run([sys.executable, "-c", _SPARK, str(out), str(dump), json.dumps(rows)], check=True, timeout=300,
+                   capture_output=True)
+    got: dict[str, Any] = json.loads(dump.read_text())
+    dump.unlink()
+    return got
