@@ -79,7 +79,7 @@ class NumpyBatches:
         self.position = position_from(rank, world, local_rank, local_world)
         self.agree = agree
         self.reader = Reader(opts.cache, opts.split, run=run or launch_run(self.position.world))
-        self._at: tuple[int, int] | None = None  # (epoch, samples handed out) of the latest iteration
+        self._at: tuple[int, int, int] | None = None  # latest iteration: (epoch, start, batches; -1: all)
 
     @property
     def job(self) -> str:
@@ -103,32 +103,38 @@ class NumpyBatches:
         """Batches in the next epoch (what is left of it, when resuming)."""
         epoch = self.reader.next_epoch()
         pos = self._position(epoch)
-        left = self.reader.count(epoch, pos) - self.reader.resume_point(epoch, pos, consume=False)
         b = self.batch.checked_batch_size()
+        left = self.reader.count(epoch, pos, self.reader.resume_point(epoch, pos, consume=False), b)
         return left // b if self.batch.drop_last else -(-left // b)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         epoch = self.reader.take_epoch()
         pos = self._position(epoch)
         start = self.reader.resume_point(epoch, pos)
-        self._at = (epoch, start)
+        self._at = (epoch, start, 0)
         items = self.reader.iterate(epoch, pos, start, self.batch)
         try:
-            for done, batch in items:
-                self._at = (epoch, done)
+            for n, (_, batch) in enumerate(items, 1):
+                self._at = (epoch, start, n)
                 yield batch
+            self._at = (epoch, start, -1)
         finally:
             items.close()  # type: ignore[attr-defined]
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the reading stands (README: "Resuming"): every batch handed out so far counts as read."""
+        """Where the job stands (README: "Resuming"): every batch handed out so far counts as read, and every
+        rank handed out as many (ranks step in lockstep), so any rank's state resumes on any topology."""
         pending = self.reader.pending
         if pending is not None:
-            return self.reader.state(pending.epoch, pending.skip).to_dict()
+            return self.reader.state(pending.epoch, pending.position).to_dict()
         if self._at is None:
-            return self.reader.state(self.reader.next_epoch(), [0]).to_dict()
-        epoch, done = self._at
-        return self.reader.state(epoch, [done]).to_dict()
+            return self.reader.state(self.reader.next_epoch(), 0).to_dict()
+        epoch, start, batches = self._at
+        pos = self._position(epoch)
+        if batches < 0:
+            return self.reader.state(epoch, self.reader.end(epoch, pos, start)).to_dict()
+        at = self.reader.position_after(epoch, pos, start, batches, self.batch.checked_batch_size())
+        return self.reader.state(epoch, at).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Take the saved job over and go on where it stood on the next iteration."""

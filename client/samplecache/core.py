@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -24,18 +24,19 @@ from samplecache.api.client import DaemonError, EpochGone, request_json
 from samplecache.format.constants import MAX_NUMBER
 from samplecache.reading.batching import ahead, batch_groups, batch_items, gather_batches
 from samplecache.reading.bufferpool import BufferPool
+from samplecache.reading.deal import epoch_end, position_after, rank_batches, worker_batches
 from samplecache.reading.epoch_clock import EpochClock
 from samplecache.reading.epoch_source import EpochPlan, EpochSource, MissingColumn, check_columns
 from samplecache.reading.gather import default_threads
 from samplecache.reading.options import DEFAULT_URL, BatchOptions, CacheOptions, Options, SplitOptions
-from samplecache.reading.partition import part_range, rank_range, shard_order, spans_for
+from samplecache.reading.order import EpochOrder
 from samplecache.reading.prefetch import prefetched
 from samplecache.reading.reader import split_batch
 from samplecache.reading.stream import Stream
 
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: one position in the epoch's global order (elastic); 1: per-worker skip counts
 _ONE_BY_ONE = BatchOptions(None)  # frozen, so one shared instance: samples, read ahead as by default
 
 Gather = Callable[[EpochPlan, np.ndarray, np.ndarray, int], Iterator[tuple[int, Any]]]
@@ -73,25 +74,35 @@ class Position:
         return max(1, self.world // max(1, self.local_world))
 
 
+class StaleState(ValueError):
+    """A resume state this client cannot continue exactly (saved before elastic resume: per-worker counts)."""
+
+
+class ForeignState(ValueError):
+    """A resume state of another job (or of another cache's epoch) than the one it is loaded into."""
+
+
 @dataclass
 class ResumeState:
-    """Where a job's reading stands (README, "Resuming"): ``skip[w]`` samples of job epoch ``epoch`` were
-    delivered by worker ``w`` of this rank. ``to_dict()`` is plain JSON; ``from_dict`` reads it back (and the
-    dicts of older clients, which have no ``version``)."""
+    """Where a job's reading stands (README, "Resuming"): ``position`` samples of job epoch ``epoch``'s one global
+    order were consumed by every rank together. Topology-free: any topology resumes it. ``samples`` and
+    ``daemon_epoch``: the epoch's manifest when it was saved (checked at the resume; None: not read yet).
+    ``to_dict()`` is plain JSON; ``from_dict`` reads it back (and refuses a version 1 state, ``StaleState``)."""
 
     job: str | None
     epoch: int
-    skip: list[int]
+    position: int
     seed: int
     shuffle: bool
+    shuffle_buffer: int = 0
+    samples: int | None = None
+    daemon_epoch: int | None = None
     version: int = STATE_VERSION
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys an adapter adds (e.g. batches)
 
     def __post_init__(self) -> None:
         self.epoch = epoch_number(self.epoch, "epoch")
-        if not self.skip or any(isinstance(s, bool) or int(s) != s or s < 0 for s in self.skip):
-            raise ValueError(f"skip must be a non-empty list of sample counts >= 0, not {self.skip!r}")
-        self.skip = [int(s) for s in self.skip]
+        self.position = epoch_number(self.position, "position")
         if int(self.version) > STATE_VERSION:
             raise ValueError(f"this resume state has version {self.version}; this client reads up to "
                              f"{STATE_VERSION}: install a newer samplecache")
@@ -102,39 +113,65 @@ class ResumeState:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ResumeState":
-        known = ("job", "epoch", "skip", "seed", "shuffle", "version")
-        missing = [k for k in ("epoch", "skip", "seed", "shuffle") if k not in d]
+        known = ("job", "epoch", "position", "seed", "shuffle", "shuffle_buffer", "samples", "daemon_epoch",
+                 "version")
+        if "position" not in d and "skip" in d:
+            raise StaleState(
+                f"this resume state (job {d.get('job')!r}, epoch {d.get('epoch')}) was saved by a samplecache "
+                f"client older than elastic resume: it holds per-worker counts ('skip') that only the topology "
+                f"that saved it can use, and this client cannot continue it exactly. Finish that epoch with the "
+                f"client that saved it, or start it again from its first sample with set_epoch({d.get('epoch')}) "
+                f"(its samples already trained on are read again)")
+        missing = [k for k in ("epoch", "position", "seed", "shuffle") if k not in d]
         if missing:
             raise ValueError(f"not a samplecache resume state: {missing} missing")
-        return cls(job=d.get("job"), epoch=d["epoch"], skip=list(d["skip"]), seed=int(d["seed"]),
-                   shuffle=bool(d["shuffle"]), version=int(d.get("version", STATE_VERSION)),
+        return cls(job=d.get("job"), epoch=d["epoch"], position=d["position"], seed=int(d["seed"]),
+                   shuffle=bool(d["shuffle"]), shuffle_buffer=int(d.get("shuffle_buffer", 0)),
+                   samples=None if d.get("samples") is None else int(d["samples"]),
+                   daemon_epoch=None if d.get("daemon_epoch") is None else int(d["daemon_epoch"]),
+                   version=int(d.get("version", STATE_VERSION)),
                    extra={k: v for k, v in d.items() if k not in known})
 
 
 # -- the split and the batches (pure functions) ----------------------------------------------------------
-def rank_share(plan: EpochPlan, split: SplitOptions, pos: Position) -> int:
-    """Samples this rank reads from its host's manifest before hosts agree (the input of that agreement)."""
-    start, stop = rank_range(plan.total, pos.local_rank, pos.local_world, split.partial)
-    return stop - start
+def order_of(plan: EpochPlan, split: SplitOptions) -> EpochOrder:
+    """``plan``'s epoch's one global order under ``split`` (made once per plan and process)."""
+    key = (split.seed, split.shuffle, split.shuffle_buffer)
+    got = plan.orders.get(key)
+    if got is None:
+        got = plan.orders[key] = EpochOrder(plan.ids, plan.rows, split.seed, plan.epoch, split.shuffle,
+                                            split.shuffle_buffer)
+    return got
 
 
-def stream_for(plan: EpochPlan, split: SplitOptions, pos: Position) -> Stream:
-    """The samples ``pos`` reads in ``plan``'s epoch, in order: the rank's contiguous range of the (shuffled)
-    global sequence, the worker's contiguous part of it. Each host splits its own manifest over its local
-    ranks; with several hosts every rank reads the agreed count (``pos.agreed``)."""
-    order = shard_order(len(plan.ids), split.seed, plan.epoch, split.shuffle)
-    start, stop = rank_range(plan.total, pos.local_rank, pos.local_world, split.partial)
-    if pos.agreed is not None and split.partial != "uneven":
-        stop = start + int(pos.agreed)
-    elif pos.nodes > 1 and split.partial != "uneven":
+def epoch_stop(plan: EpochPlan, split: SplitOptions, pos: Position, start: int = 0) -> int:
+    """Where the ranks' reading of ``plan``'s epoch from position ``start`` ends (``partial``; past the manifest's
+    samples: padding). Each host deals its own manifest over its own ranks; with several hosts every rank reads
+    the agreed count (``pos.agreed``)."""
+    if pos.agreed is None and pos.nodes > 1 and split.partial != "uneven":
         raise RuntimeError(
             f"this job spans {pos.nodes} hosts, each with its own cache, so ranks must agree on the length of "
             f"epoch {plan.epoch} (Position.agreed): with PyTorch call ds.set_epoch(epoch) on every rank before "
             f"each epoch (after init_process_group), or iterate with samplecache.SampleCacheLoader")
-    start, stop = part_range(start, stop, pos.worker, pos.workers)
-    spans = spans_for(plan.rows, order, start, stop)
-    return Stream(spans, plan.ids, plan.rows, split.seed, plan.epoch, split.shuffle, split.shuffle_buffer,
-                  key=pos.rank * pos.workers + pos.worker)
+    agreed = pos.agreed if split.partial != "uneven" else None
+    return epoch_end(plan.total, start, pos.local_world, split.partial, agreed)
+
+
+def rank_share(plan: EpochPlan, split: SplitOptions, pos: Position, start: int = 0) -> int:
+    """Samples this rank reads from its host's manifest before hosts agree (the input of that agreement)."""
+    return (epoch_end(plan.total, start, pos.local_world, split.partial) - start) // pos.local_world
+
+
+def stream_for(plan: EpochPlan, split: SplitOptions, pos: Position, start: int = 0, unit: int = 1,
+               pack: int = 1) -> Stream:
+    """The samples ``pos`` reads in ``plan``'s epoch from position ``start``, in order: the rest of the epoch's
+    global order cut into steps of ``local_world x unit`` (``unit``: samples per batch of a rank), the rank's
+    batch of each step, the batches of its worker (items of ``pack`` batches, round-robin)."""
+    end = epoch_stop(plan, split, pos, start)
+    batches = rank_batches(start, end, pos.local_rank, pos.local_world, unit)
+    if pos.workers > 1:
+        batches = worker_batches(batches, unit, pos.worker, pos.workers, pack)
+    return Stream(order_of(plan, split), batches)
 
 
 def _items(counted: Iterator[tuple[int, Any]]) -> Iterator[Any]:
@@ -210,8 +247,17 @@ class Reader:
 
     def plan(self, epoch: int) -> EpochPlan:
         """Job epoch ``epoch``'s manifest (fetched once per process; the job's first request seals it):
-        ``.total`` samples, ``.schema``. Raises ``MissingColumn`` for a column the cache lacks."""
-        return self.source.plan(epoch)
+        ``.total`` samples, ``.schema``. Raises ``MissingColumn`` for a column the cache lacks, ``EpochGone``
+        for an epoch whose shards are gone (saying so when a loaded state was to resume it)."""
+        try:
+            return self.source.plan(epoch)
+        except EpochGone as e:
+            r = self.pending
+            if r is None or r.epoch != epoch:
+                raise
+            raise EpochGone(f"{e} -- the resume state of job {r.job!r} stood at sample {r.position} of epoch "
+                            f"{epoch}, whose shards the cache no longer holds, so it cannot go on exactly: go on "
+                            f"with the epoch the daemon names", e.status, e.body, e.attempts) from e
 
     def schema(self) -> dict[str, Any]:
         """``GET /v1/schema``, its ``columns`` narrowed to (and in the order of) the columns asked for: each
@@ -235,11 +281,20 @@ class Reader:
 
     def rank_share(self, epoch: int, pos: Position) -> int:
         """This rank's samples in its host's manifest of ``epoch``: what hosts agree on (max: pad, min: drop)."""
-        return rank_share(self.plan(epoch), self.split, pos)
+        return rank_share(self.plan(epoch), self.split, pos, self.resume_point(epoch, pos, consume=False))
 
-    def count(self, epoch: int, pos: Position) -> int:
-        """Samples ``pos`` reads in job epoch ``epoch``."""
-        return stream_for(self.plan(epoch), self.split, pos).total
+    def count(self, epoch: int, pos: Position, start: int = 0, unit: int = 1) -> int:
+        """Samples ``pos`` reads in job epoch ``epoch`` from position ``start``, dealt by ``unit``."""
+        return stream_for(self.plan(epoch), self.split, pos, start, unit).total
+
+    def end(self, epoch: int, pos: Position, start: int = 0) -> int:
+        """Where the ranks' reading of ``epoch`` from ``start`` ends (a state there resumes to nothing)."""
+        return epoch_stop(self.plan(epoch), self.split, pos, start)
+
+    def position_after(self, epoch: int, pos: Position, start: int, batches: int, unit: int) -> int:
+        """The position once every rank (in lockstep, as DDP steps) took ``batches`` batches of ``unit`` samples
+        from position ``start``: ``start + batches x ranks x unit``, at most the end. Rank 0's count is enough."""
+        return position_after(start, self.end(epoch, pos, start), pos.local_world, unit, batches)
 
     # -- reading -----------------------------------------------------------------------------------------------
     def samples(self, epoch: int, pos: Position, start: int = 0, *, prefetch: int = 2,
@@ -254,27 +309,32 @@ class Reader:
         return _items(self.iterate(epoch, pos, start, opts))
 
     def iterate(self, epoch: int, pos: Position, start: int = 0, batch: BatchOptions | None = None, *,
-                unit: int | None = None, gather: Gather | None = None) -> Iterator[tuple[int, Any]]:
-        """(samples delivered so far, item): the loop under ``samples`` and ``batches`` (items are batches when
-        ``batch`` has a batch size, else samples; None: samples, as ``BatchOptions`` reads them by default), with
-        this epoch's lease held and the next epoch's manifest fetched near the end. Adapters may group ``unit``
-        positions per item and make the items with ``gather(plan, index, rows, unit)`` yielding (samples, item)."""
+                unit: int | None = None, gather: Gather | None = None, deal: int | None = None
+                ) -> Iterator[tuple[int, Any]]:
+        """(samples delivered so far, item): the loop under ``samples`` and ``batches`` from position ``start`` of
+        the epoch's global order (items are batches when ``batch`` has a batch size, else samples; None: samples,
+        as ``BatchOptions`` reads them by default), with this epoch's lease held and the next epoch's manifest
+        fetched near the end. Adapters may group ``unit`` positions per item and make the items with
+        ``gather(plan, index, rows, unit)`` yielding (samples, item). ``deal``: the samples of one batch of the
+        rank (the deal's unit; default the batch size, else 1)."""
         batch = batch or _ONE_BY_ONE
         plan = self.plan(epoch)
-        stream = stream_for(plan, self.split, pos)
         threads = batch.copy_threads or default_threads()
         b = batch.batch_size
+        per = int(deal or b or 1)
         if b is not None:
             unit = int(unit or b)
+            stream = stream_for(plan, self.split, pos, start, per, max(1, unit // b))
             masks = batch.masks
             make = gather or (lambda p, i, r, u: gather_batches(p, i, r, b, threads, masks, self.buffers().alloc))
-            items = batch_items(plan, stream, start, b, unit, batch.drop_last, make, batch.prefetch)
+            items = batch_items(plan, stream, 0, b, unit, batch.drop_last, make, batch.prefetch)
         else:
-            items = self._sample_items(plan, stream, start, batch.prefetch, threads)
+            stream = stream_for(plan, self.split, pos, start, per)
+            items = self._sample_items(plan, stream, 0, batch.prefetch, threads)
         holder = f"rank {pos.rank} worker {pos.worker}"
         keeper = self.source.keeper(plan, holder)
         prefetch_at = int(PREFETCH_AT * stream.total) if self.cache.prefetch_next else -1
-        done = start
+        done = 0
         try:
             for n, item in items:
                 done += n
@@ -282,7 +342,7 @@ class Reader:
                     self.source.prefetch_next(epoch + 1, holder)
                     prefetch_at = -1
                 if keeper is not None:
-                    keeper.read = done - start
+                    keeper.read = done
                 yield done, item
         finally:
             self.source.done(keeper)
@@ -297,32 +357,53 @@ class Reader:
                 yield 1, sample
 
     # -- resuming -----------------------------------------------------------------------------------------------
-    def state(self, epoch: int, delivered: Sequence[int]) -> ResumeState:
-        """The state after ``delivered[w]`` samples of job epoch ``epoch`` by each worker ``w`` of this rank."""
-        return ResumeState(self.job, epoch, list(delivered), self.split.seed, self.split.shuffle)
+    def state(self, epoch: int, position: int) -> ResumeState:
+        """The state after ``position`` samples of job epoch ``epoch``'s global order were consumed by all ranks
+        (with the epoch's manifest to check at the resume, when this process has it)."""
+        plan = self.source.cached_plan(epoch)
+        return ResumeState(self.job, epoch, int(position), self.split.seed, self.split.shuffle,
+                           self.split.shuffle_buffer, None if plan is None else plan.total,
+                           None if plan is None else plan.daemon_epoch)
 
     def load_state(self, state: ResumeState | Mapping[str, Any]) -> None:
-        """Take the saved job over and go on where it stood: the next read of its epoch starts at
-        ``resume_point``. The daemon answers 404 (naming the jobs it knows) when it does not know the job."""
+        """Take the saved job over and go on where it stood: the next read of its epoch, on any topology and
+        with any batch size, starts at its ``position``. Refused: a state of another job than ``job=`` names
+        (``ForeignState``), another seed, shuffle or shuffle buffer, a version 1 state (``StaleState``); the
+        daemon answers 404 (naming the jobs it knows) when it does not know the job."""
         if not isinstance(state, ResumeState):
-            state = ResumeState.from_dict({"seed": self.split.seed, "shuffle": self.split.shuffle, **state})
-        if state.seed != self.split.seed or state.shuffle != self.split.shuffle:
-            raise ValueError("the state was saved with another seed or shuffle setting")
+            state = ResumeState.from_dict({"seed": self.split.seed, "shuffle": self.split.shuffle,
+                                           "shuffle_buffer": self.split.shuffle_buffer, **state})
+        given = self.cache.job
+        if given is not None and state.job is not None and state.job != given:
+            raise ForeignState(f"this resume state is job {state.job!r}'s; this reader reads job {given!r} (job=): "
+                               f"load the state of this job's own checkpoint, or make the reader with "
+                               f"job={state.job!r} (or no job=) to go on with that job")
+        split = (self.split.seed, self.split.shuffle, self.split.shuffle_buffer)
+        if (state.seed, state.shuffle, state.shuffle_buffer) != split:
+            raise ValueError(f"the state was saved with another order (seed, shuffle, shuffle_buffer = "
+                             f"{(state.seed, state.shuffle, state.shuffle_buffer)}, this reader has {split}): "
+                             f"resume with the settings that saved it")
         self.source.resume_job(state.job)
         self.pending = state
         self.set_epoch(state.epoch)
 
-    def resume_point(self, epoch: int, pos: Position, consume: bool = True) -> int:
-        """Samples ``pos`` skips in ``epoch`` (the loaded state's, else 0); ``consume``: used once."""
+    def resume_point(self, epoch: int, pos: Position | None = None, consume: bool = True) -> int:
+        """The position ``epoch``'s reading starts at (the loaded state's, else 0); ``consume``: used once.
+        Raises ``ForeignState`` when the job's epoch is not the one the state was saved from."""
         r = self.pending
         if r is None or r.epoch != epoch:
             return 0
-        if len(r.skip) != pos.workers:
-            raise ValueError(f"this state was saved with {len(r.skip)} DataLoader workers; resume with the same "
-                             f"number (now {pos.workers})")
+        if r.samples is not None:
+            plan = self.plan(epoch)
+            if (plan.total, plan.daemon_epoch) != (r.samples, r.daemon_epoch):
+                raise ForeignState(
+                    f"this resume state was saved while job {r.job!r} read epoch {epoch} as daemon epoch "
+                    f"{r.daemon_epoch} ({r.samples} samples); the job's epoch {epoch} is now daemon epoch "
+                    f"{plan.daemon_epoch} ({plan.total} samples): the state is from another job or another "
+                    f"cache. Load this job's own checkpoint, or start the epoch again with set_epoch({epoch})")
         if consume:
             self.pending = None
-        return r.skip[pos.worker]
+        return r.position
 
     # -- lifetime -----------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -338,4 +419,4 @@ class Reader:
 
 __all__ = ["DEFAULT_URL", "CacheOptions", "SplitOptions", "BatchOptions", "Options", "Position", "ResumeState",
            "Reader", "EpochPlan", "DaemonError", "EpochGone", "MissingColumn", "stream_for", "rank_share",
-           "batch_groups", "gather_batches", "epoch_number"]
+           "batch_groups", "gather_batches", "epoch_number", "StaleState", "ForeignState", "order_of", "epoch_stop"]

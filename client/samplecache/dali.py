@@ -151,7 +151,7 @@ class DaliSource:
             raise
         self._batches: Iterator[dict[str, Any]] | None = None
         self._epoch: int | None = None  # the job epoch being fed
-        self._start = 0  # samples skipped at its start (resume)
+        self._start = 0  # the position it started at (resume)
         self._count = 0  # this shard's samples in that epoch
         self._sizes: list[int] = []  # samples of each batch fed in this epoch
         self._ended = False
@@ -212,7 +212,7 @@ class DaliSource:
         epoch = self.reader.take_epoch()
         start = self.reader.resume_point(epoch, self.position)
         self._epoch, self._start, self._sizes, self._ended = epoch, start, [], False
-        self._count = self.reader.count(epoch, self.position)  # this shard's samples in the epoch
+        self._count = self.reader.count(epoch, self.position, start, self.batch.checked_batch_size())
         self._batches = self.reader.batches(epoch, self.position, self.batch, start)
 
     def _finish(self, ended: bool) -> None:
@@ -232,16 +232,18 @@ class DaliSource:
         the start of the next epoch."""
         if self._epoch is None:
             epoch = self.reader.next_epoch()
-            return self.reader.state(epoch, [self.reader.resume_point(epoch, self.position, False)]).to_dict()
+            return self.reader.state(epoch, self.reader.resume_point(epoch, self.position, False)).to_dict()
         if not 0 <= consumed <= len(self._sizes):
             raise ValueError(f"consumed={consumed}, but {len(self._sizes)} batches of epoch {self._epoch} were "
                              f"fed to the pipeline")
-        done = self._start + sum(self._sizes[:consumed])
-        if done >= self._count or (self._ended and consumed == 0):
+        if sum(self._sizes[:consumed]) >= self._count or (self._ended and consumed == 0):
             # read to its end; or between epochs (the pipeline hands out a batch whenever it runs, so 0 batches
             # of an epoch that ended means the next one)
-            return self.reader.state(self.reader.next_epoch(), [0]).to_dict()
-        return self.reader.state(self._epoch, [done]).to_dict()
+            return self.reader.state(self.reader.next_epoch(), 0).to_dict()
+        # every shard of the pipeline hands out as many batches: this one's count is the whole job's
+        at = self.reader.position_after(self._epoch, self.position, self._start, consumed,
+                                        self.batch.checked_batch_size())
+        return self.reader.state(self._epoch, at).to_dict()
 
     def load_state_dict(self, state: ResumeState | Mapping[str, Any]) -> None:
         """Go on where a saved state stood, at the next epoch start (build the pipeline after this, or call

@@ -239,7 +239,8 @@ class Feed:
         static = self.batch.batch_size if self.batch.drop_last else None
         self.element_spec = {k: v for c in self._cols for k, v in c.spec(static).items()}
         self._lock = threading.Lock()
-        self._pending: dict[int, ResumeState] = {}  # pipeline -> the loaded state of its rank
+        self._pending: ResumeState | None = None  # the loaded state: every pipeline's start in its epoch
+        self._resumed: set[int] = set()  # pipelines that started from it
         self._at: dict[int, tuple[int, int]] = {}  # pipeline -> (epoch, first sample) of its current iteration
         self._iterations: dict[int, int] = {}  # pipeline -> iterations started (the epoch clock's key)
         if resume is not None:
@@ -271,14 +272,13 @@ class Feed:
             self._iterations[pipe] = n + 1
         epoch = fixed if fixed is not None else self.reader.take_epoch(key=(-2, n))
         with self._lock:
-            pending = self._pending.get(pipe)
-            start = 0
-            if pending is not None and pending.epoch == epoch:
-                if int(pending.extra.get("pipelines", pos.world)) != pos.world:
-                    raise ValueError(f"this state was saved by one of {pending.extra['pipelines']} input "
-                                     f"pipelines; resume with the same number (now {pos.world})")
-                start = pending.skip[0]
-                del self._pending[pipe]
+            pending = self._pending
+            # every pipeline, however many there are now, goes on from the loaded position (once each)
+            resumed = pending is not None and pending.epoch == epoch and pipe not in self._resumed
+            if resumed:
+                self._resumed.add(pipe)
+        start = self.reader.resume_point(epoch, pos, consume=False) if resumed else 0  # checked: the same epoch
+        with self._lock:
             self._at[pipe] = (epoch, start)
         buffers, b = Buffers(), self.batch.checked_batch_size()
         threads = self.batch.copy_threads or default_threads()
@@ -303,32 +303,28 @@ class Feed:
 
     # -- resuming -------------------------------------------------------------------------------------
     def state(self, batches: int, input_context: Any = None, position: Position | None = None) -> ResumeState:
-        """Where a pipeline stands after the training loop took ``batches`` batches of its current iteration
-        (``tf.data`` reads ahead, so the loop's count is the one that matters): save ``to_dict()``."""
+        """Where the job stands after the training loop took ``batches`` batches of a pipeline's current iteration
+        (``tf.data`` reads ahead, so the loop's count is the one that matters; every pipeline takes as many per
+        step, so one pipeline's state is the whole job's): save ``to_dict()``; it resumes with any number of
+        pipelines and any batch size."""
         pos = _position(input_context, position)
         with self._lock:
             at = self._at.get(pos.rank)
         if at is None:
             raise RuntimeError("this pipeline has not started reading: there is no position to save")
         epoch, start = at
-        total = self.reader.count(epoch, pos)
-        done = min(total, start + int(batches) * self.batch.checked_batch_size())
-        state = self.reader.state(epoch, [done])
+        done = self.reader.position_after(epoch, pos, start, int(batches), self.batch.checked_batch_size())
+        state = self.reader.state(epoch, done)
         state.extra.update({"adapter": "tf", "pipelines": pos.world, "pipeline": pos.rank})
         return state
 
     def load_state(self, state: ResumeState | Mapping[str, Any]) -> None:
-        """Take the saved job over; the pipeline that saved it (``pipeline`` in the state, else 0) reads the
-        rest of the saved epoch at its next iteration. Load every pipeline's state before iterating."""
-        if not isinstance(state, ResumeState):
-            state = ResumeState.from_dict(state)
-        if len(state.skip) != 1:
-            raise ValueError(f"this state was saved by {len(state.skip)} DataLoader workers; a tf.data pipeline "
-                             f"is one reader: resume it with the PyTorch adapter")
+        """Take the saved job over (a state saved by any adapter, pipeline or topology); every pipeline reads its
+        share of the rest of the saved epoch at its next iteration."""
         self.reader.load_state(state)
-        self.reader.pending = None  # this feed keeps the position per pipeline
+        loaded = self.reader.pending
         with self._lock:
-            self._pending[int(state.extra.get("pipeline", 0))] = state
+            self._pending, self._resumed = loaded, set()
             self._iterations.clear()
 
     def close(self) -> None:

@@ -82,11 +82,21 @@ def test_state_dict_resumes_the_epoch_in_a_new_reader(daemon: Any, typed_dataset
             if i == 4:
                 state = json.loads(json.dumps(first.state_dict()))
         assert sorted(ids) == list(range(total))
-        assert state == {"job": first.job, "epoch": 0, "skip": [320], "seed": 5, "shuffle": True, "version": 1}
-        assert first.state_dict()["epoch"] == 0 and first.state_dict()["skip"] == [total]
+        assert state == {"job": first.job, "epoch": 0, "position": 320, "seed": 5, "shuffle": True,
+                         "shuffle_buffer": 100, "samples": total, "daemon_epoch": 0, "version": 2}
+        assert first.state_dict()["epoch"] == 0 and first.state_dict()["position"] == total
     rest = [i for b in numpy_batches(d.url, 64, columns=["id"], seed=5, shuffle_buffer=100, state=state)
             for i in b["id"].tolist()]
     assert rest == ids[320:]
+    # the same state on 3 ranks with batches of 50: together they read the rest, once each
+    ranks = [NumpyBatches(d.url, 50, columns=["id"], seed=5, shuffle_buffer=100, rank=k, world=3, run="a1b2c3d4e6",
+                          partial="uneven") for k in range(3)]
+    for rank in ranks:
+        rank.load_state_dict(state)
+    elastic = [i for rank in ranks for b in rank for i in b["id"].tolist()]
+    assert sorted(elastic) == sorted(ids[320:])
+    for rank in ranks:
+        rank.close()
 
 
 def test_numpy_batches_reads_epochs_from_the_one_given(daemon: Any, typed_dataset: Any) -> None:

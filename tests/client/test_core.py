@@ -16,11 +16,13 @@ from samplecache.core import (
     BatchOptions,
     CacheOptions,
     DaemonError,
+    ForeignState,
     MissingColumn,
     Position,
     Reader,
     ResumeState,
     SplitOptions,
+    StaleState,
     stream_for,
 )
 from samplecache.format.record import Column, Schema
@@ -118,30 +120,58 @@ def test_bad_options_are_refused() -> None:
 
 # --------------------------------------------------------------------------------------------- resume state
 def test_resume_state_round_trips_through_json() -> None:
-    state = ResumeState("job-a", 7, [3, 0, 12], seed=4, shuffle=True)
+    state = ResumeState("job-a", 7, 1234, seed=4, shuffle=True, samples=5000, daemon_epoch=9)
     d = json.loads(json.dumps(state.to_dict()))
-    assert d == {"job": "job-a", "epoch": 7, "skip": [3, 0, 12], "seed": 4, "shuffle": True, "version": 1}
+    assert d == {"job": "job-a", "epoch": 7, "position": 1234, "seed": 4, "shuffle": True, "shuffle_buffer": 0,
+                 "samples": 5000, "daemon_epoch": 9, "version": 2}
     assert ResumeState.from_dict(d) == state
-    older = {"epoch": 2, "skip": [5], "seed": 0, "shuffle": False, "batches": 9}  # no version, no job
-    got = ResumeState.from_dict(older)
-    assert (got.job, got.version, got.to_dict()["batches"]) == (None, 1, 9)
-    with pytest.raises(ValueError, match="skip"):
-        ResumeState("j", 1, [-1], 0, True)
+    got = ResumeState.from_dict({"epoch": 2, "position": 5, "seed": 0, "shuffle": False, "batches": 9})
+    assert (got.job, got.version, got.samples, got.to_dict()["batches"]) == (None, 2, None, 9)
+    with pytest.raises(ValueError, match="position"):
+        ResumeState("j", 1, -1, 0, True)
     with pytest.raises(ValueError, match="version"):
         ResumeState.from_dict({**d, "version": 99})
 
 
-def test_resume_point_is_used_once_for_its_epoch() -> None:
+def test_a_state_from_before_elastic_resume_is_refused_saying_what_to_do() -> None:
+    older = {"job": "j", "epoch": 2, "skip": [5, 7], "seed": 0, "shuffle": False, "version": 1}
+    with pytest.raises(StaleState, match=r"older than elastic resume.*set_epoch\(2\)"):
+        ResumeState.from_dict(older)
+    r = Reader(CacheOptions("http://127.0.0.1:9"), SplitOptions(seed=0, shuffle=False))
+    with pytest.raises(StaleState):
+        r.load_state(older)
+    assert r.pending is None
+
+
+def test_resume_point_is_used_once_for_its_epoch_whatever_the_topology() -> None:
     r = Reader(CacheOptions("http://127.0.0.1:9"), SplitOptions(seed=3))
-    r.pending = ResumeState(None, 4, [10, 20], 3, True)
+    r.pending = ResumeState(None, 4, 30, 3, True)
     assert r.resume_point(5, Position(workers=2)) == 0
-    with pytest.raises(ValueError, match="2 DataLoader workers"):
-        r.resume_point(4, Position())
-    assert r.resume_point(4, Position(worker=1, workers=2), consume=False) == 20
-    assert r.resume_point(4, Position(worker=0, workers=2)) == 10
-    assert r.resume_point(4, Position(worker=1, workers=2)) == 0
+    assert r.resume_point(4, Position(worker=1, workers=3), consume=False) == 30
+    assert r.resume_point(4, Position(rank=2, world=8, local_rank=2, local_world=8), consume=False) == 30
+    assert r.resume_point(4, Position()) == 30
+    assert r.resume_point(4, Position()) == 0
     with pytest.raises(ValueError, match="seed"):
-        r.load_state({"epoch": 1, "skip": [0], "seed": 4, "shuffle": True})
+        r.load_state({"epoch": 1, "position": 0, "seed": 4, "shuffle": True})
+    with pytest.raises(ValueError, match="shuffle_buffer"):
+        r.load_state({"epoch": 1, "position": 0, "seed": 3, "shuffle": True, "shuffle_buffer": 64})
+
+
+def test_a_state_of_another_job_is_refused() -> None:
+    r = Reader(CacheOptions("http://127.0.0.1:9", job="mine"), SplitOptions(seed=3))
+    with pytest.raises(ForeignState, match="job 'theirs'.*job 'mine'"):
+        r.load_state({"job": "theirs", "epoch": 1, "position": 10, "seed": 3, "shuffle": True})
+    assert r.pending is None
+
+
+def test_a_state_of_another_epoch_manifest_is_refused() -> None:
+    r = Reader(CacheOptions("http://127.0.0.1:9"), SplitOptions(seed=3))
+    r.source._plans[4] = fake_plan([30, 20], epoch=4)  # this job's epoch 4: daemon epoch 4, 50 samples
+    r.pending = ResumeState("j", 4, 30, 3, True, samples=50, daemon_epoch=4)
+    assert r.resume_point(4, Position(), consume=False) == 30
+    r.pending = ResumeState("j", 4, 30, 3, True, samples=80, daemon_epoch=2)
+    with pytest.raises(ForeignState, match="daemon epoch 2 \\(80 samples\\).*daemon epoch 4 \\(50 samples\\)"):
+        r.resume_point(4, Position())
 
 
 # --------------------------------------------------------------------------------------------- end to end
@@ -171,15 +201,20 @@ def test_an_epoch_through_samples_and_batches_exactly_once(daemon: Any, typed_da
         truth.check_exactly_once(ids, total)
         assert sizes == ([64] * (900 // 64) + [900 % 64]) * 2
 
-        # resume: the state after 100 samples of rank 1 goes on with the rest of that rank's samples
-        state = r.state(epoch, [100])
+        # resume: the state at sample 1000 of the epoch's order (2 ranks x 64 per step), read on 3 ranks
+        order = [int(s["id"]) for s in r.samples(epoch, Position())]  # one rank: the global order itself
+        assert r.position_after(epoch, positions[0], 0, 7, 64) == 7 * 2 * 64
+        state = r.state(epoch, 1000)
+        assert (state.samples, state.daemon_epoch) == (total, r.plan(epoch).daemon_epoch)
         again = Reader(CacheOptions(d.url, min_samples=total, wait=60), SplitOptions(seed=1))
         again.load_state(json.loads(json.dumps(state.to_dict())))
         assert again.job == r.job
         e = again.take_epoch()
-        start = again.resume_point(e, positions[1])
-        rest = [int(s["id"]) for s in again.samples(e, positions[1], start)]
-        assert rest == [int(s["id"]) for s in got[900 + 100:]]
+        three = [Position(rank=k, world=3, local_rank=k, local_world=3) for k in range(3)]
+        start = again.resume_point(e, three[0], consume=False)
+        rest = [int(s["id"]) for p in three for s in again.samples(e, p, start)]
+        # 800 left, padded up to 3 ranks x 267: one repeat, the order's first sample
+        assert start == 1000 and sorted(rest) == sorted(order[1000:] + order[:1])
         again.close()
 
 

@@ -146,7 +146,7 @@ def test_example_pipeline_decodes_the_cached_images_on_cpu(daemon: Any, images: 
     exec(compile(code, "README.md (NVIDIA DALI)", "exec"), env)
     assert env["epoch"] == 2 and env["step"] == 2, "96 samples in batches of 64: 2 steps per epoch"
     assert env["images"].as_array().shape == (32, 3, 224, 224) and env["labels"].as_array().shape == (32,)
-    assert env["state"]["epoch"] == 3 and env["state"]["skip"] == [0], env["state"]
+    assert env["state"]["epoch"] == 3 and env["state"]["position"] == 0, env["state"]
     del env
 
     # a column the cache lacks: one error naming it, and the columns there are
@@ -225,7 +225,7 @@ def test_two_shards_read_every_sample_once_per_epoch_and_resume(daemon: Any, ima
         pipe = id_pipeline(source)
         head = collect(pipe, 2)
         state = source.state_dict(consumed=2)
-        assert state["skip"] == [2 * BATCH] and state["epoch"] == 0 and state["job"] == "dali-resume"
+        assert state["position"] == 2 * BATCH and state["epoch"] == 0 and state["job"] == "dali-resume"
         rest_here = collect(pipe)
         del pipe
     with DaliSource(replace(cache, columns=["id"]), BATCH, split=SplitOptions(seed=9)) as again:
@@ -235,7 +235,7 @@ def test_two_shards_read_every_sample_once_per_epoch_and_resume(daemon: Any, ima
         assert rest == rest_here, "the resumed epoch differs from the rest of the saved one"
         assert sorted(i for b in head + rest for i in b) == list(range(N))
         # between epochs (the pipeline reset, the next epoch not started): the next epoch's start
-        assert again.state_dict(consumed=0)["epoch"] == 1 and again.state_dict(consumed=0)["skip"] == [0]
+        assert again.state_dict(consumed=0)["epoch"] == 1 and again.state_dict(consumed=0)["position"] == 0
         assert again.state_dict(consumed=len(rest)) == again.state_dict(consumed=0)
         del pipe
 

@@ -1,164 +1,171 @@
-"""client/samplecache/reading/partition.py: splitting an epoch over ranks x DataLoader workers (invariants 4 and 5)."""
+"""The epoch's split over ranks x DataLoader workers (invariants 4 and 5): one topology-free global order
+(client/samplecache/reading/order.py, partition.py), dealt batch by batch from a position (reading/deal.py),
+resumed at that position on any other topology and batch size (core.stream_for)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from samplecache.reading.partition import (
-    PARTIAL,
-    Span,
-    part_range,
-    rank_range,
-    row_order,
-    shard_order,
-    spans_for,
-)
+from samplecache.core import Position, stream_for
+from samplecache.reading.deal import PARTIAL, epoch_end, position_after, rank_batches, worker_batches
+from samplecache.reading.options import SplitOptions
+from samplecache.reading.order import EpochOrder
+from samplecache.reading.partition import row_order, shard_order
 
 Sample = tuple[int, int]  # (manifest index, row of that shard)
 
 
-def epoch_split(rows: np.ndarray, ids: np.ndarray, world: int, workers: int, partial: str, seed: int,
-                epoch: int, shuffle: bool) -> dict[tuple[int, int], list[Sample]]:
-    """What every (rank, worker) reads, exactly the way dataset.py composes the functions."""
-    total = int(rows.sum())
-    order = shard_order(len(rows), seed, epoch, shuffle)
-    out: dict[tuple[int, int], list[Sample]] = {}
+def plan_of(rows: list[int], seed: int, epoch: int) -> Any:
+    ids = np.random.default_rng(seed).choice(10**9, size=len(rows), replace=False) + 1
+    r = np.array(rows, dtype=np.int64)
+    return SimpleNamespace(ids=ids, rows=r, total=int(r.sum()), epoch=epoch, orders={})
+
+
+def samples(plan: Any, split: SplitOptions, world: int, rank: int, workers: int, worker: int, start: int = 0,
+            unit: int = 1, pack: int = 1) -> list[Sample]:
+    stream = stream_for(plan, split, Position(rank, world, rank, world, worker, workers), start, unit, pack)
+    got = [(int(i), int(r)) for idx, rows in stream.chunks(chunk=7) for i, r in zip(idx, rows)]
+    assert len(got) == stream.total
+    return got
+
+
+def rank_batches_seen(plan: Any, split: SplitOptions, world: int, workers: int, unit: int, pack: int,
+                      start: int = 0) -> list[list[list[Sample]]]:
+    """Per rank, its batches in the order DataLoader hands them out (items round-robin over the workers)."""
+    out = []
     for rank in range(world):
-        r0, r1 = rank_range(total, rank, world, partial)
+        per_worker = []
         for w in range(workers):
-            w0, w1 = part_range(r0, r1, w, workers)
-            got: list[Sample] = []
-            for span in spans_for(rows, order, w0, w1):
-                assert isinstance(span, Span)
-                assert 0 <= span.start < span.stop <= rows[span.index], span
-                assert len(span) == span.stop - span.start
-                ro = row_order(int(ids[span.index]), int(rows[span.index]), seed, epoch, shuffle)
-                got.extend((span.index, int(r)) for r in ro[span.start:span.stop])
-            assert len(got) == w1 - w0
-            out[(rank, w)] = got
+            stream = stream_for(plan, split, Position(rank, world, rank, world, w, workers), start, unit, pack)
+            items = []
+            for idx, rows, u in stream.batch_groups(0, unit, unit * pack, 5, False):
+                pairs = [(int(i), int(r)) for i, r in zip(idx, rows)]
+                for a in range(0, len(pairs), u):
+                    items.append([pairs[a + b:a + b + unit] for b in range(0, min(u, len(pairs) - a), unit)])
+            per_worker.append(items)
+        batches, i = [], 0
+        while any(per_worker):
+            w = i % workers
+            if per_worker[w]:
+                batches.extend(per_worker[w].pop(0))
+            i += 1
+        out.append(batches)
     return out
 
 
-def per_rank(split: dict[tuple[int, int], list[Sample]], world: int, workers: int) -> list[list[Sample]]:
-    return [[s for w in range(workers) for s in split[(r, w)]] for r in range(world)]
+def everything(rows: list[int]) -> Counter:
+    return Counter((i, r) for i, n in enumerate(rows) for r in range(n))
 
 
-def everything(rows: np.ndarray) -> Counter:
-    return Counter((i, r) for i, n in enumerate(rows.tolist()) for r in range(n))
+def global_order(plan: Any, split: SplitOptions) -> list[Sample]:
+    o = EpochOrder(plan.ids, plan.rows, split.seed, plan.epoch, split.shuffle, split.shuffle_buffer)
+    idx, rows = o.positions(np.arange(o.total))
+    return list(zip(idx.tolist(), rows.tolist()))
 
 
-shard_rows = st.lists(st.one_of(st.just(0), st.integers(0, 40)), min_size=0, max_size=12)
-common = dict(rows=shard_rows, world=st.integers(1, 8), workers=st.integers(1, 4), seed=st.integers(0, 2**40),
-              epoch=st.integers(0, 1000), shuffle=st.booleans())
+shard_rows = st.lists(st.integers(0, 40), min_size=0, max_size=10)
+topo = dict(world=st.integers(1, 5), workers=st.integers(1, 3), unit=st.integers(1, 6), pack=st.integers(1, 3))
+order_args = dict(seed=st.integers(0, 2**40), epoch=st.integers(0, 1000), shuffle=st.booleans(),
+                  window=st.sampled_from([0, 0, 5, 64]))
 
 
-def _ids(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).choice(10**9, size=n, replace=False) + 1
+@settings(max_examples=200, deadline=None)
+@given(rows=shard_rows, **order_args)
+def test_the_global_order_is_a_permutation_of_the_manifest(rows, seed, epoch, shuffle, window) -> None:
+    plan = plan_of(rows, seed, epoch)
+    got = global_order(plan, SplitOptions(shuffle, seed, "pad", window))
+    assert Counter(got) == everything(rows) and len(got) == sum(rows)
 
 
-@settings(max_examples=300, deadline=None)
-@given(**common)
-def test_uneven_delivers_every_sample_exactly_once(rows, world, workers, seed, epoch, shuffle) -> None:
-    rows = np.array(rows, dtype=np.int64)
-    split = epoch_split(rows, _ids(len(rows), seed), world, workers, "uneven", seed, epoch, shuffle)
-    got = Counter(s for v in split.values() for s in v)
-    assert got == everything(rows)
-    sizes = [len(r) for r in per_rank(split, world, workers)]
-    assert max(sizes) - min(sizes) <= 1
-    assert sum(sizes) == rows.sum()
-
-
-@settings(max_examples=300, deadline=None)
-@given(**common)
-def test_pad_gives_every_rank_ceil_and_repeats_fewer_than_world(rows, world, workers, seed, epoch, shuffle) -> None:
-    rows = np.array(rows, dtype=np.int64)
-    total = int(rows.sum())
-    split = epoch_split(rows, _ids(len(rows), seed), world, workers, "pad", seed, epoch, shuffle)
-    ranks = per_rank(split, world, workers)
-    per = -(-total // world)
-    assert [len(r) for r in ranks] == [per] * world
-    got = Counter(s for r in ranks for s in r)
-    want = everything(rows)
-    assert set(got) == set(want)  # every sample at least once, nothing foreign
-    extra = sum(got.values()) - total
-    assert extra == per * world - total
-    assert 0 <= extra < world
-    # the repeats are the start of the epoch's global sequence
-    order = shard_order(len(rows), seed, epoch, shuffle)
-    ids = _ids(len(rows), seed)
-    seq = []
-    for span in spans_for(rows, order, 0, total):
-        ro = row_order(int(ids[span.index]), int(rows[span.index]), seed, epoch, shuffle)
-        seq.extend((span.index, int(r)) for r in ro[span.start:span.stop])
-    assert Counter(seq) == want
-    if total:
-        repeated = [seq[i % total] for i in range(total, total + extra)]
-        assert got - want == Counter(repeated)
+@settings(max_examples=200, deadline=None)
+@given(rows=shard_rows, partial=st.sampled_from(PARTIAL), **topo, **order_args)
+def test_ranks_and_workers_read_the_global_order_batch_by_batch(rows, partial, world, workers, unit, pack, seed,
+                                                               epoch, shuffle, window) -> None:
+    plan = plan_of(rows, seed, epoch)
+    split = SplitOptions(shuffle, seed, partial, window)
+    seq = global_order(plan, split)
+    total = len(seq)
+    seen = rank_batches_seen(plan, split, world, workers, unit, pack)
+    end = epoch_end(total, 0, world, partial)
+    # step k, rank r: the next `unit` positions of the order (the last step split over the ranks)
+    for rank, batches in enumerate(seen):
+        want = rank_batches(0, end, rank, world, unit)
+        assert [len(b) for b in batches] == (want[:, 1] - want[:, 0]).tolist()
+        for b, (a, z) in zip(batches, want.tolist()):
+            assert b == [seq[g % total] for g in range(a, z)]
+    got = Counter(s for r in seen for b in r for s in b)
+    sizes = [sum(len(b) for b in r) for r in seen]
+    if partial == "pad":
+        assert sizes == [-(-total // world)] * world and set(got) == set(everything(rows))
+        assert sum(sizes) - total < world  # repeats: the start of the order
+    elif partial == "drop":
+        assert sizes == [total // world] * world and max(got.values(), default=1) == 1
+    else:
+        assert got == everything(rows)
+    if partial != "uneven":
+        assert len({len(r) for r in seen}) == 1  # the same number of batches on every rank: DDP never hangs
 
 
 @settings(max_examples=300, deadline=None)
-@given(**common)
-def test_drop_gives_every_rank_floor_without_duplicates(rows, world, workers, seed, epoch, shuffle) -> None:
-    rows = np.array(rows, dtype=np.int64)
-    total = int(rows.sum())
-    split = epoch_split(rows, _ids(len(rows), seed), world, workers, "drop", seed, epoch, shuffle)
-    ranks = per_rank(split, world, workers)
-    assert [len(r) for r in ranks] == [total // world] * world
-    got = Counter(s for r in ranks for s in r)
-    assert max(got.values(), default=1) == 1  # no duplicates
-    assert set(got) <= set(everything(rows))
-    assert total - len(got) == total % world  # only the tail (< world samples) is dropped
-
-
-@settings(max_examples=150, deadline=None)
-@given(**common, partial=st.sampled_from(PARTIAL))
-def test_split_is_deterministic(rows, world, workers, seed, epoch, shuffle, partial) -> None:
-    rows = np.array(rows, dtype=np.int64)
-    ids = _ids(len(rows), seed)
-    a = epoch_split(rows, ids, world, workers, partial, seed, epoch, shuffle)
-    b = epoch_split(rows.copy(), ids.copy(), world, workers, partial, seed, epoch, shuffle)
-    assert a == b
-    order = shard_order(len(rows), seed, epoch, shuffle)
-    total = int(rows.sum())
-    for rank in range(world):
-        r0, r1 = rank_range(total, rank, world, partial)
-        assert spans_for(rows, order, r0, r1) == spans_for(rows, order.copy(), r0, r1)
+@given(rows=shard_rows, before=st.fixed_dictionaries(topo), after=st.fixed_dictionaries(topo),
+       steps=st.integers(0, 30), partial=st.sampled_from(["drop", "uneven"]), **order_args)
+def test_a_position_resumes_exactly_on_any_topology_and_batch_size(rows, before, after, steps, partial, seed,
+                                                                    epoch, shuffle, window) -> None:
+    plan = plan_of(rows, seed, epoch)
+    split = SplitOptions(shuffle, seed, partial, window)
+    total = plan.total
+    w, u = before["world"], before["unit"]
+    seen = rank_batches_seen(plan, split, w, before["workers"], u, before["pack"])
+    steps = min(steps, min(len(r) for r in seen))
+    read = Counter(s for r in seen for b in r[:steps] for s in b)  # every rank took `steps` batches
+    at = position_after(0, epoch_end(total, 0, w, partial), w, u, steps)
+    assert sum(read.values()) == at  # the position: samples consumed by every rank together
+    rest = rank_batches_seen(plan, split, after["world"], after["workers"], after["unit"], after["pack"], at)
+    read.update(s for r in rest for b in r for s in b)
+    if partial == "uneven":
+        assert read == everything(rows)  # exactly once across the kill and the resume
+    else:
+        assert max(read.values(), default=1) == 1 and total - len(read) < w + after["world"]
 
 
 @settings(max_examples=100, deadline=None)
-@given(rows=shard_rows, world=st.integers(1, 8), workers=st.integers(1, 4), partial=st.sampled_from(PARTIAL))
-def test_workers_split_their_rank_contiguously(rows, world, workers, partial) -> None:
-    rows = np.array(rows, dtype=np.int64)
-    total = int(rows.sum())
-    for rank in range(world):
-        r0, r1 = rank_range(total, rank, world, partial)
-        parts = [part_range(r0, r1, w, workers) for w in range(workers)]
-        assert parts[0][0] == r0 and parts[-1][1] == r1
-        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
-        lens = [b - a for a, b in parts]
-        assert max(lens) - min(lens) <= 1
+@given(rows=shard_rows, **topo, **order_args)
+def test_the_split_depends_on_nothing_else(rows, world, workers, unit, pack, seed, epoch, shuffle, window) -> None:
+    split = SplitOptions(shuffle, seed, "pad", window)
+    a = rank_batches_seen(plan_of(rows, seed, epoch), split, world, workers, unit, pack)
+    b = rank_batches_seen(plan_of(rows, seed, epoch), split, world, workers, unit, pack)
+    assert a == b
 
 
-def test_no_shuffle_is_the_manifest_order() -> None:
-    rows = np.array([3, 0, 2])
-    assert shard_order(3, 5, 7, False).tolist() == [0, 1, 2]
-    assert row_order(99, 4, 5, 7, False).tolist() == [0, 1, 2, 3]
-    split = epoch_split(rows, np.array([10, 11, 12]), 1, 1, "uneven", 5, 7, False)
-    assert split[(0, 0)] == [(0, 0), (0, 1), (0, 2), (2, 0), (2, 1)]
+def test_no_shuffle_is_the_manifest_order_dealt_by_batch() -> None:
+    plan = plan_of([3, 0, 2], 5, 7)
+    split = SplitOptions(False, 5, "uneven")
+    assert global_order(plan, split) == [(0, 0), (0, 1), (0, 2), (2, 0), (2, 1)]
+    # steps of 2 ranks x 2: rank 0 takes positions 0-1, rank 1 2-3; the last step (1 left) goes to rank 1
+    assert samples(plan, split, 2, 0, 1, 0, unit=2) == [(0, 0), (0, 1)]
+    assert samples(plan, split, 2, 1, 1, 0, unit=2) == [(0, 2), (2, 0), (2, 1)]
 
 
-def test_spans_for_wraps_for_padding() -> None:
-    rows = np.array([2, 0, 1])
-    order = np.array([2, 0, 1])
-    assert spans_for(rows, order, 0, 3) == [Span(2, 0, 1), Span(0, 0, 2)]
-    assert spans_for(rows, order, 2, 7) == [Span(0, 1, 2), Span(2, 0, 1), Span(0, 0, 2), Span(2, 0, 1)]
-    assert spans_for(np.array([0, 0]), np.array([0, 1]), 0, 5) == []
-    assert spans_for(rows, order, 4, 4) == []
+def test_worker_batches_deal_items_round_robin_short_batch_alone() -> None:
+    batches = rank_batches(0, 23, 0, 1, 4)  # 5 whole batches of 4, then 3
+    assert (batches[:, 1] - batches[:, 0]).tolist() == [4, 4, 4, 4, 4, 3]
+    # items of 2 batches: [0,1] [2,3] [4] then the short [5]: workers 0, 1, 0, 1
+    assert worker_batches(batches, 4, 0, 2, 2)[:, 0].tolist() == [0, 4, 16]
+    assert worker_batches(batches, 4, 1, 2, 2)[:, 0].tolist() == [8, 12, 20]
+
+
+def test_padding_wraps_to_the_start_of_the_order() -> None:
+    plan = plan_of([2, 0, 1], 0, 0)
+    split = SplitOptions(False, 0, "pad")
+    assert epoch_end(3, 0, 2, "pad") == 4 and epoch_end(3, 1, 2, "pad") == 3 and epoch_end(3, 3, 2, "pad") == 3
+    assert samples(plan, split, 2, 1, 1, 0) + samples(plan, split, 2, 0, 1, 0) == [(0, 1), (0, 0), (0, 0), (2, 0)]
 
 
 @settings(max_examples=100, deadline=None)
@@ -167,16 +174,14 @@ def test_epochs_change_the_shard_order(n: int, seed: int, start: int) -> None:
     orders = [tuple(shard_order(n, seed, e, True).tolist()) for e in range(start, start + 10)]
     for o in orders:
         assert sorted(o) == list(range(n))
-    # Two different epochs may draw the same permutation by chance (1/n!); ten in a row (1/24**9) may not.
     assert len(set(orders)) > 1
-    if n >= 12:  # 1/12! per pair: equal neighbours would be a bug, not chance
+    if n >= 12:
         assert all(a != b for a, b in zip(orders, orders[1:]))
 
 
 def test_seed_changes_the_order() -> None:
     a = [shard_order(20, s, 0, True).tolist() for s in range(5)]
     assert len({tuple(x) for x in a}) == 5
-    # a seed above 32 bits is folded to 32 bits, so it must not raise
     assert sorted(shard_order(20, 2**40 + 3, 0, True).tolist()) == list(range(20))
 
 
@@ -186,7 +191,6 @@ def test_seed_changes_the_order() -> None:
 def test_row_order_is_a_permutation(shard_id, n, seed, epoch, shuffle) -> None:
     o = row_order(shard_id, n, seed, epoch, shuffle)
     assert sorted(o.tolist()) == list(range(n))
-    # it depends only on (shard id, rows, seed, epoch): the manifest position plays no part
     assert np.array_equal(o, row_order(shard_id, n, seed, epoch, shuffle))
 
 
@@ -197,20 +201,17 @@ def test_row_order_differs_by_shard_and_epoch() -> None:
     assert not np.array_equal(base, row_order(1, 50, 1, 0, True))
 
 
-def test_rank_range_rejects_bad_arguments() -> None:
+def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="partial"):
-        rank_range(10, 0, 2, "wrap")
+        epoch_end(10, 0, 2, "wrap")
     with pytest.raises(ValueError, match="rank"):
-        rank_range(10, 2, 2)
-    with pytest.raises(ValueError, match="rank"):
-        rank_range(10, -1, 2)
+        rank_batches(0, 10, 2, 2, 1)
+    with pytest.raises(ValueError, match="worker"):
+        worker_batches(rank_batches(0, 10, 0, 1, 1), 1, 3, 3)
 
 
-@pytest.mark.parametrize("partial,expect", [
-    ("pad", [(0, 4), (4, 8), (8, 12)]),
-    ("drop", [(0, 3), (3, 6), (6, 9)]),
-    ("uneven", [(0, 3), (3, 6), (6, 10)]),
-])
-def test_rank_range_examples(partial: str, expect: list[tuple[int, int]]) -> None:
-    assert [rank_range(10, r, 3, partial) for r in range(3)] == expect
-    assert [rank_range(0, r, 3, partial) for r in range(3)] == [(0, 0)] * 3
+@pytest.mark.parametrize("partial,expect", [("pad", 12), ("drop", 9), ("uneven", 10)])
+def test_epoch_end_examples(partial: str, expect: int) -> None:
+    assert epoch_end(10, 0, 3, partial) == expect
+    assert epoch_end(10, 4, 3, partial) == {"pad": 10, "drop": 10, "uneven": 10}[partial]
+    assert epoch_end(0, 0, 3, partial) == 0

@@ -202,13 +202,17 @@ def test_resume_mid_epoch_delivers_exactly_the_rest(typed_url: str) -> None:
         saved = json.dumps(f.state(5).to_dict())
     assert got == whole[:5 * B]
     state = ResumeState.from_dict(json.loads(saved))
-    assert (state.job, state.epoch, state.skip, state.extra["adapter"]) == ("tf-resume", 0, [5 * B], "tf")
+    assert (state.job, state.epoch, state.position, state.extra["adapter"]) == ("tf-resume", 0, 5 * B, "tf")
     with feed(typed_url, ["id"], seed=5, resume=state) as g:
         ds = g.dataset()
         rest = ids_of(ds)
         assert got + rest == whole  # nothing repeated, nothing skipped
         assert g.reader.current_epoch() == 0 and len(ids_of(ds)) == 1800  # then the job's next epoch, whole
         assert g.reader.current_epoch() == 1
+    # the same state read by 3 input pipelines (another topology): together, the rest of the epoch once each
+    with feed(typed_url, ["id"], seed=5, resume=state, partial="uneven") as h:
+        parts = [ids_of(h.dataset(tf.distribute.InputContext(3, i, 3))) for i in range(3)]
+        assert sorted(i for p in parts for i in p) == sorted(whole[5 * B:])
 
 
 def test_dataset_function_with_an_input_context(typed_url: str) -> None:
@@ -218,8 +222,9 @@ def test_dataset_function_with_an_input_context(typed_url: str) -> None:
     ids = ids_of(ds)
     assert len(ids) == 600 and ids == ids_of(ds)  # epoch=0: the same epoch at every iteration
     assert f.state(2, tf.distribute.InputContext(3, 2, 3)).to_dict() == {
-        "adapter": "tf", "pipelines": 3, "pipeline": 2, "job": f.job, "epoch": 0, "skip": [2 * B], "seed": 0,
-        "shuffle": True, "version": 1}
+        "adapter": "tf", "pipelines": 3, "pipeline": 2, "job": f.job, "epoch": 0, "position": 2 * 3 * B, "seed": 0,
+        "shuffle": True, "shuffle_buffer": 0, "samples": 1800, "daemon_epoch": f.reader.plan(0).daemon_epoch,
+        "version": 2}
     f.close()
 
 

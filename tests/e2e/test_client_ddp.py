@@ -25,6 +25,7 @@ from paths import SCRIPTS
 from samplecache import SampleCacheDataset  # noqa: E402
 from samplecache.api.client import fetch_manifest  # noqa: E402
 from samplecache.format.manifest import unpack_shard_table  # noqa: E402
+from samplecache.reading.deal import epoch_end, rank_batches, worker_batches  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -91,6 +92,18 @@ def global_sequence(url: str, epoch: int, shuffle: bool = True, seed: int = SEED
     return [int(s["id"]) for s in ds]
 
 
+def dealt(seq: list[int], unit: int, partial: str = "pad") -> list[list[int]]:
+    """What each (rank, worker) reads of the global sequence ``seq``, rank-major: batches of ``unit`` dealt in
+    rank order step by step, each rank's batches round-robin over its workers (``samplecache.reading.deal``)."""
+    out = []
+    for r in range(WORLD):
+        batches = rank_batches(0, epoch_end(len(seq), 0, WORLD, partial), r, WORLD, unit)
+        for w in range(WORKERS):
+            out.append([seq[g % len(seq)] for a, z in worker_batches(batches, unit, w, WORKERS).tolist()
+                        for g in range(a, z)])
+    return out
+
+
 def per_worker(rank_result: dict[str, Any], epoch: int) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for w, ids in rank_result["epochs"][str(epoch)]["batches"]:
@@ -132,9 +145,10 @@ def test_pad_delivers_every_sample_once_plus_fewer_than_world_padding_repeats(ca
         glob = global_sequence(cached.url, epoch)
         assert sorted(glob) == list(range(total))
         assert repeats == sorted(glob[:n_pad]), (repeats, glob[:n_pad])
-        # ranks x workers are contiguous parts of that one sequence (rank-major, then worker)
+        # ranks x workers take that one sequence batch by batch (per sample in a plain DataLoader: the dataset
+        # does not know its batch size)
         parts = [per_worker(r, epoch)[w] for r in res for w in range(WORKERS)]
-        assert [i for p in parts for i in p] == glob + glob[:n_pad]
+        assert parts == dealt(glob, B if res[0]["config"]["batched"] else 1)
 
 
 @pytest.mark.parametrize("name", ["drop", "batched_drop"])
@@ -206,9 +220,8 @@ def test_shuffle_false_reads_in_manifest_order(cached: Any, runs: dict[str, Any]
     assert per_worker(res[0], 0)[0][0] == expected[0], (
         f"rank 0 worker 0 should start with row 0 of shard {first_shard[0]} (id {expected[0]})")
     check_equal_ranks(res, 0)
-    n_pad = -(-cc.TOTAL // WORLD) * WORLD - cc.TOTAL
     parts = [per_worker(r, 0)[w] for r in res for w in range(WORKERS)]
-    assert [i for p in parts for i in p] == expected + expected[:n_pad]
+    assert parts == dealt(expected, 1)
     for r in res:  # within a worker, rows come in order
         for w, ids in per_worker(r, 0).items():
             pos = [expected.index(i) for i in ids]

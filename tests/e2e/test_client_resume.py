@@ -5,7 +5,9 @@
   state (and is killed again, and a third one finishes): the batches counted by the saved states plus what the
   resumed processes read are the epoch's samples exactly once.
 * In-process: ``SampleCacheDataset.state_dict()/load_state_dict()`` (no workers), ``SampleCacheLoader`` with
-  workers, the batched path, ``shuffle_buffer``; a 2-worker state refused by a 3-worker loader.
+  workers, the batched path, ``shuffle_buffer``; a state resumed by another number of workers and another batch
+  size (elastic: the state is a position of the epoch's one order); states refused loudly: of a client before
+  elastic resume, of another job, of another manifest.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from paths import SCRIPTS
 from torch.utils.data import DataLoader
 
 from samplecache import SampleCacheDataset, SampleCacheLoader  # noqa: E402
+from samplecache.core import ForeignState, StaleState
 
 pytestmark = pytest.mark.e2e
 
@@ -100,6 +103,7 @@ def consumed(out: Path, run: str) -> tuple[list[int], dict[str, Any]]:
     ("batched", 0, (9,)),
     ("sample", 50, (33,)),
 ])
+# each resumed run has another number of workers (2, then 3, then 1): the state is topology-free
 def test_sigkill_mid_epoch_then_resume_in_a_new_process(url: str, tmp_path: Path, mode: str, shuffle_buffer: int,
                                                         kills: tuple[int, int]) -> None:
     epoch = 2
@@ -110,16 +114,16 @@ def test_sigkill_mid_epoch_then_resume_in_a_new_process(url: str, tmp_path: Path
     saved_states = []
     for n, k in enumerate(kills):  # killed once or twice (then a run resumes a resumed epoch)
         run = f"run{n}"
-        proc = start(url, tmp_path, {**base, "run": run}, state_path)
+        proc = start(url, tmp_path, {**base, "run": run, "workers": 2 + n}, state_path)
         kill_after(proc, tmp_path, run, k)
         ids, state = consumed(tmp_path, run)
-        assert state["epoch"] == epoch and len(state["skip"]) == 2
+        assert state["epoch"] == epoch and state["version"] == 2 and "skip" not in state
         got += ids
         saved_states.append(state)
         state_path = tmp_path / f"state-{n}.json"
         state_path.write_text(json.dumps(state))
     assert len(got) == len(set(got)), "the killed runs together read a sample twice"
-    last = start(url, tmp_path, {**base, "run": "final", "sleep": 0.0}, state_path)
+    last = start(url, tmp_path, {**base, "run": "final", "sleep": 0.0, "workers": 1}, state_path)
     assert last.wait(120) == 0, (tmp_path / "log-final.txt").read_text()[-3000:]
     after = [i for line in complete_lines(tmp_path / "ids-final.jsonl") for i in line]
     check_exactly_once(got + after)
@@ -151,7 +155,7 @@ def test_dataset_state_dict_in_process(url: str, batch_size: int | None, shuffle
     it = iter(ds)
     before = take(it, n)
     state = json.loads(json.dumps(ds.state_dict()))  # it must survive JSON
-    assert state["epoch"] == 4 and state["skip"] == [len(before)]
+    assert state["epoch"] == 4 and state["position"] == len(before)
     rest_here = [i for item in it for i in ids_of(item)]
 
     fresh = SampleCacheDataset(url, **kw)
@@ -169,7 +173,7 @@ def test_dataset_state_at_the_end_of_the_epoch_resumes_to_nothing(url: str) -> N
     ds.set_epoch(1)
     check_exactly_once([int(s["id"]) for s in ds])
     state = ds.state_dict()
-    assert state["skip"] == [TOTAL]
+    assert state["position"] == TOTAL
     fresh = SampleCacheDataset(url, columns=["id"], seed=5)
     fresh.load_state_dict(state)
     assert list(fresh) == []
@@ -180,25 +184,28 @@ def test_dataset_state_at_the_end_of_the_epoch_resumes_to_nothing(url: str) -> N
 MORE_WORKERS_THAN_CORES = "ignore:This DataLoader will create 3 worker processes:UserWarning"
 
 
-@pytest.mark.parametrize("workers,batched,shuffle_buffer,k", [
-    (0, False, 0, 13), (2, False, 0, 25), (2, True, 0, 7), (2, False, 60, 38), (2, True, 60, 1),
-    pytest.param(3, False, 0, 40, marks=pytest.mark.filterwarnings(MORE_WORKERS_THAN_CORES))])
+@pytest.mark.parametrize("workers,batched,shuffle_buffer,k,then", [
+    (0, False, 0, 13, (2, 16)), (2, False, 0, 25, (0, 16)), (2, True, 0, 7, (1, 24)), (2, False, 60, 38, (2, 10)),
+    (2, True, 60, 1, (2, 16)),
+    pytest.param(3, False, 0, 40, (2, 7), marks=pytest.mark.filterwarnings(MORE_WORKERS_THAN_CORES)),
+    pytest.param(2, True, 0, 9, (3, 32), marks=pytest.mark.filterwarnings(MORE_WORKERS_THAN_CORES))])
 def test_loader_state_dict_with_workers_in_process(url: str, workers: int, batched: bool, shuffle_buffer: int,
-                                                   k: int) -> None:
-    def make() -> SampleCacheLoader:
+                                                   k: int, then: tuple[int, int]) -> None:
+    """Saved with ``workers`` and batches of 16, resumed with ``then`` = (workers, batch size)."""
+    def make(workers: int, b: int) -> SampleCacheLoader:
         ds = SampleCacheDataset(url, columns=["id"], seed=8, shuffle_buffer=shuffle_buffer,
-                                batch_size=16 if batched else None)
-        return SampleCacheLoader(ds, batch_size=None if batched else 16, num_workers=workers)
+                                batch_size=b if batched else None)
+        return SampleCacheLoader(ds, batch_size=None if batched else b, num_workers=workers)
 
-    loader = make()
+    loader = make(workers, 16)
     loader.dataset.set_epoch(3)  # type: ignore[attr-defined]
     it = iter(loader)
     before = take(it, k)
     state = json.loads(json.dumps(loader.state_dict()))
-    assert state["batches"] == k and state["epoch"] == 3 and len(state["skip"]) == max(1, workers)
+    assert state["batches"] == k and state["epoch"] == 3 and state["position"] == len(before) == 16 * k
     it.close()
 
-    resumed = make()
+    resumed = make(*then)
     resumed.load_state_dict(state)
     after = [i for batch in resumed for i in ids_of(batch)]
     check_exactly_once(before + after)
@@ -211,33 +218,33 @@ def test_dataset_state_after_set_epoch_before_the_first_sample_names_that_epoch(
     ds = SampleCacheDataset(url, columns=["id"], seed=5)
     ds.set_epoch(4)
     state = ds.state_dict()
-    assert (state["epoch"], state["skip"]) == (4, [0])
+    assert (state["epoch"], state["position"]) == (4, 0)
 
 
 def test_loader_state_after_set_epoch_before_the_first_batch_names_that_epoch(url: str) -> None:
     loader = SampleCacheLoader(SampleCacheDataset(url, columns=["id"], seed=8), batch_size=16, num_workers=2)
     loader.dataset.set_epoch(4)  # type: ignore[attr-defined]
     state = loader.state_dict()
-    assert (state["epoch"], state["skip"], state["batches"]) == (4, [0, 0], 0)
+    assert (state["epoch"], state["position"], state["batches"]) == (4, 0, 0)
 
 
 def test_dataset_state_right_after_load_state_dict_round_trips(url: str) -> None:
     ds = SampleCacheDataset(url, columns=["id"], seed=5)
-    ds.load_state_dict({"epoch": 4, "skip": [300], "seed": 5, "shuffle": True})
+    ds.load_state_dict({"epoch": 4, "position": 300, "seed": 5, "shuffle": True})
     state = ds.state_dict()
-    assert (state["epoch"], state["skip"]) == (4, [300])
+    assert (state["epoch"], state["position"]) == (4, 300)
 
 
 def test_loader_state_right_after_load_state_dict_round_trips(url: str) -> None:
     loader = SampleCacheLoader(SampleCacheDataset(url, columns=["id"], seed=8), batch_size=16, num_workers=2)
-    loader.load_state_dict({"epoch": 3, "skip": [112, 96], "seed": 8, "shuffle": True, "batches": 13})
+    loader.load_state_dict({"epoch": 3, "position": 208, "seed": 8, "shuffle": True, "batches": 13})
     state = loader.state_dict()
-    assert (state["epoch"], state["skip"]) == (3, [112, 96])
+    assert (state["epoch"], state["position"]) == (3, 208)
 
 
 def test_dataset_resume_applies_to_the_next_iteration_only(url: str) -> None:
     ds = SampleCacheDataset(url, columns=["id"], seed=5)
-    ds.load_state_dict({"epoch": 3, "skip": [300], "seed": 5, "shuffle": True})
+    ds.load_state_dict({"epoch": 3, "position": 300, "seed": 5, "shuffle": True})
     assert len(list(ds)) == TOTAL - 300
     ds.set_epoch(3)  # read epoch 3 again, whole
     check_exactly_once([int(s["id"]) for s in ds])
@@ -279,44 +286,70 @@ def loader_state_after(url: str, epoch: int, k: int, resume: dict[str, Any] | No
 
 
 def test_loader_state_of_the_epoch_after_a_cut_short_resumed_epoch(url: str) -> None:
-    after_resume = loader_state_after(url, 4, 9, resume={"epoch": 3, "skip": [112, 96], "seed": 8, "shuffle": True,
+    after_resume = loader_state_after(url, 4, 9, resume={"epoch": 3, "position": 208, "seed": 8, "shuffle": True,
                                                          "batches": 13})
     plain = loader_state_after(url, 4, 9)
     assert after_resume["epoch"] == plain["epoch"] == 4
-    assert after_resume["skip"] == plain["skip"], (after_resume, plain)
+    assert after_resume["position"] == plain["position"] == 9 * 16, (after_resume, plain)
 
 
 def test_loader_state_before_the_first_batch_resumes_the_whole_epoch(url: str) -> None:
     loader = SampleCacheLoader(SampleCacheDataset(url, columns=["id"], seed=8), batch_size=16, num_workers=2)
     state = loader.state_dict()
-    assert state["batches"] == 0 and state["skip"] == [0, 0]
+    assert state["batches"] == 0 and state["position"] == 0
     resumed = SampleCacheLoader(SampleCacheDataset(url, columns=["id"], seed=8), batch_size=16, num_workers=2)
     resumed.load_state_dict(state)
     check_exactly_once([i for batch in resumed for i in ids_of(batch)])
 
 
 @pytest.mark.filterwarnings(MORE_WORKERS_THAN_CORES)
-def test_two_worker_state_into_a_three_worker_loader_is_a_clear_value_error(url: str) -> None:
+def test_two_worker_state_resumes_on_a_three_worker_loader(url: str) -> None:
     loader = SampleCacheLoader(SampleCacheDataset(url, columns=["id"], seed=8), batch_size=16, num_workers=2)
     loader.dataset.set_epoch(0)  # type: ignore[attr-defined]
-    take(iter(loader), 5)
+    it = iter(loader)
+    before = take(it, 5)
     state = loader.state_dict()
+    it.close()
     three = SampleCacheLoader(SampleCacheDataset(url, columns=["id"], seed=8), batch_size=16, num_workers=3)
-    with pytest.raises(ValueError, match=r"saved with 2 workers.*this loader has 3.*same num_workers"):
-        three.load_state_dict(state)
+    three.load_state_dict(state)
+    check_exactly_once(before + [i for batch in three for i in ids_of(batch)])
 
 
 @pytest.mark.filterwarnings(MORE_WORKERS_THAN_CORES)
-def test_two_worker_state_into_a_three_worker_dataloader_fails_in_the_workers_with_a_clear_error(url: str) -> None:
+def test_a_position_resumes_in_a_plain_three_worker_dataloader(url: str) -> None:
     ds = SampleCacheDataset(url, columns=["id"], seed=8)
-    ds.load_state_dict({"epoch": 0, "skip": [100, 100], "seed": 8, "shuffle": True})
-    with pytest.raises(ValueError, match=r"saved with 2 DataLoader workers.*same number \(now 3\)"):
-        next(iter(DataLoader(ds, batch_size=16, num_workers=3)))
+    ds.set_epoch(0)
+    before = [int(s["id"]) for s in itertools.islice(iter(ds), 100)]
+    ds = SampleCacheDataset(url, columns=["id"], seed=8)
+    ds.load_state_dict({"epoch": 0, "position": 100, "seed": 8, "shuffle": True})
+    check_exactly_once(before + [i for b in DataLoader(ds, batch_size=16, num_workers=3) for i in ids_of(b)])
 
 
 def test_a_state_of_another_seed_is_refused(url: str) -> None:
     ds = SampleCacheDataset(url, columns=["id"], seed=8)
-    with pytest.raises(ValueError, match="seed or shuffle"):
-        ds.load_state_dict({"epoch": 0, "skip": [3], "seed": 9, "shuffle": True})
-    with pytest.raises(ValueError, match="seed or shuffle"):
-        ds.load_state_dict({"epoch": 0, "skip": [3], "seed": 8, "shuffle": False})
+    with pytest.raises(ValueError, match="another order.*seed"):
+        ds.load_state_dict({"epoch": 0, "position": 3, "seed": 9, "shuffle": True})
+    with pytest.raises(ValueError, match="another order.*seed"):
+        ds.load_state_dict({"epoch": 0, "position": 3, "seed": 8, "shuffle": False})
+
+
+def test_a_state_from_before_elastic_resume_is_refused(url: str) -> None:
+    loader = SampleCacheLoader(SampleCacheDataset(url, columns=["id"], seed=8), batch_size=16, num_workers=2)
+    with pytest.raises(StaleState, match=r"older than elastic resume.*set_epoch\(3\)"):
+        loader.load_state_dict({"epoch": 3, "skip": [112, 96], "seed": 8, "shuffle": True, "batches": 13})
+
+
+def test_a_state_of_another_job_or_manifest_is_refused(url: str) -> None:
+    ds = SampleCacheDataset(url, columns=["id"], seed=8)
+    ds.set_epoch(2)
+    take(iter(ds), 10)
+    state = ds.state_dict()
+    assert state["samples"] == TOTAL and state["daemon_epoch"] is not None
+    mine = SampleCacheDataset(url, columns=["id"], seed=8, job="resume-another-job")
+    with pytest.raises(ForeignState, match=r"job '.*'s; this reader reads job 'resume-another-job'"):
+        mine.load_state_dict(state)
+    forged = SampleCacheDataset(url, columns=["id"], seed=8)
+    forged.load_state_dict({**state, "samples": TOTAL + 5})  # as saved from another cache's epoch
+    with pytest.raises(ForeignState, match="another job or another cache"):
+        next(iter(forged))
+    forged.close()

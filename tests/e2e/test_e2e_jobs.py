@@ -211,7 +211,7 @@ def test_a_dataset_used_as_a_context_manager_releases_on_exit(rolled: Any) -> No
 def test_resuming_an_unknown_job_names_the_known_ones(rolled: Any) -> None:
     SampleCacheDataset(rolled.url, job="known-one").next_epoch()  # attaches
     ds = SampleCacheDataset(rolled.url, columns=["id"], retries=0)
-    ds.load_state_dict({"epoch": 0, "skip": [0], "seed": 0, "shuffle": True, "job": "no-such-job"})
+    ds.load_state_dict({"epoch": 0, "position": 0, "seed": 0, "shuffle": True, "job": "no-such-job"})
     with pytest.raises(DaemonError) as info:
         next(iter(ds))
     assert info.value.status == 404
@@ -225,16 +225,17 @@ def test_a_job_epoch_whose_shards_were_evicted_is_epoch_gone_with_the_way_on(rol
     shards = {int(e[0]) for e in cc.get_json(f"{rolled.url}/v1/epochs/{d0}")["shards"]}
     cc.wait_for(lambda: not shards & resident(rolled), 60, "job epoch 0's shards to be evicted", interval=0.2)
     again = SampleCacheDataset(rolled.url, columns=["id"], retries=0, prefetch_next=False)
-    again.load_state_dict({"epoch": 0, "skip": [10], "seed": 0, "shuffle": True, "job": "long-outage"})
+    again.load_state_dict({"epoch": 0, "position": 10, "seed": 0, "shuffle": True, "job": "long-outage"})
     with pytest.raises(EpochGone) as info:  # through DataLoader workers: only the message travels
         next(iter(torch.utils.data.DataLoader(again, batch_size=None, num_workers=1)))
     assert info.value.next_epoch == 1
-    again.load_state_dict({"epoch": 0, "skip": [10], "seed": 0, "shuffle": True, "job": "long-outage"})  # again
+    again.load_state_dict({"epoch": 0, "position": 10, "seed": 0, "shuffle": True, "job": "long-outage"})  # again
     with pytest.raises(EpochGone) as info:
         next(iter(again))
     err = info.value
     assert err.status == 410 and err.next_epoch == 1
     assert "can no longer be read" in str(err) and "set_epoch(1)" in str(err)
+    assert "resume state of job 'long-outage' stood at sample 10 of epoch 0" in str(err)  # says what it means
     with pytest.raises(DaemonError) as gone:  # replaying that daemon epoch as another job epoch: refused too
         again.set_epoch(7, daemon_epoch=d0)
     assert gone.value.status == 410 and f"daemon epoch {d0} can no longer be read" in str(gone.value)

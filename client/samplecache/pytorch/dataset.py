@@ -90,7 +90,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self.collate_rest = False  # set by SampleCacheLoader: list-valued columns through samplecache.collate
         self._topology = topology()
         self._iterations = 0
-        self._position = (0, 0)  # (epoch, samples yielded) of an in-process iteration
+        self._position = (0, 0, 0)  # (epoch, position it started at, items yielded) of an in-process iteration
+        self.loader_batch: int | None = None  # set by SampleCacheLoader: samples per batch it makes of these samples
         self._pool: BufferPool | None = None  # in-process batches are gathered into its reused buffers
 
     @property
@@ -117,7 +118,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         ``daemon_epoch``, that epoch replays the sealed daemon epoch of that number (a snapshot: exactly what
         an earlier run read, while it is still resident)."""
         self.reader.set_epoch(epoch, daemon_epoch)
-        self._position = (int(epoch), 0)
+        self._position = (int(epoch), 0, 0)
         if get_worker_info() is None:
             self.agree(int(epoch))  # several hosts: agree on the epoch's length (every rank calls set_epoch)
 
@@ -161,11 +162,16 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         t = self.topology()
         return Position(t.rank, t.world, t.local_rank, t.local_world, worker, workers, self.reader.agreed(epoch))
 
-    def stream(self, plan: EpochPlan, topo: Topology, worker: int, workers: int) -> Stream:
-        """The samples (rank, worker) reads in ``plan``'s epoch, in order (``samplecache.core.stream_for``)."""
+    def stream(self, plan: EpochPlan, topo: Topology, worker: int, workers: int, start: int = 0) -> Stream:
+        """The samples (rank, worker) reads in ``plan``'s epoch from position ``start``, in order
+        (``samplecache.core.stream_for``, dealt by this dataset's batches)."""
         pos = Position(topo.rank, topo.world, topo.local_rank, topo.local_world, worker, workers,
                        self.reader.agreed(plan.epoch))
-        return stream_for(plan, self.reader.split, pos)
+        return stream_for(plan, self.reader.split, pos, start, self.deal_unit())
+
+    def deal_unit(self) -> int:
+        """Samples of one batch of this rank: what the epoch's rest is dealt by (``samplecache.reading.deal``)."""
+        return int(self.batch.batch_size or self.loader_batch or 1)
 
     def agree(self, epoch: int) -> int | None:
         """Agree with every rank on this epoch's samples per rank (multi-host jobs; call in the main
@@ -190,15 +196,16 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         pos = self.position(epoch, worker, workers)
         start = self.reader.resume_point(epoch, pos, consume=info is None)  # a worker's copy goes with it
-        self._position = (epoch, start)
+        self._position = (epoch, start, 0)
         ahead = self.batch.prefetch if info is None else 0  # workers are ahead already
         batch = replace(self.batch, prefetch=ahead, copy_threads=self._threads())
         items = self.reader.iterate(epoch, pos, start, batch, unit=self._pack() * (self.batch.batch_size or 1),
-                                    gather=self._gather)
+                                    gather=self._gather, deal=self.deal_unit())
         try:
-            for done, item in items:
-                self._position = (epoch, done)
+            for n, (_, item) in enumerate(items, 1):
+                self._position = (epoch, start, n)
                 yield item if self.transform is None else self.transform(item)
+            self._position = (epoch, start, -1)  # read to its end (a short batch dropped too)
         finally:
             items.close()  # type: ignore[attr-defined]
 
@@ -278,8 +285,16 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
     def state_dict(self) -> dict[str, Any]:
         """Where an in-process iteration (no DataLoader workers) stands (README: "Resuming"): resume with
         load_state_dict."""
-        epoch, pos = self._position
-        return self.reader.state(epoch, [pos]).to_dict()
+        epoch, start, items = self._position
+        unit = self.deal_unit()
+        if items == 0:
+            return self.reader.state(epoch, start).to_dict()
+        if items < 0:
+            return self.reader.state(epoch, self.reader.end(epoch, self.position(epoch), start)).to_dict()
+        # every rank took as many batches (DDP steps in lockstep): this rank's count gives the whole job's
+        batches = items if self.batch.batch_size else -(-items // unit)
+        at = self.reader.position_after(epoch, self.position(epoch), start, batches, unit)
+        return self.reader.state(epoch, at).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the saved job's epoch at the saved position on the next iteration (this run takes the job
@@ -287,7 +302,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         self.reader.load_state(state)
         pending = self.reader.pending
         assert pending is not None
-        self._position = (pending.epoch, pending.skip[0] if len(pending.skip) == 1 else 0)
+        self._position = (pending.epoch, pending.position, 0)
         if get_worker_info() is None:
             self.agree(pending.epoch)  # several hosts: agree on the epoch's length
 

@@ -1,11 +1,11 @@
 """``SampleCacheLoader``: a DataLoader whose ``state_dict()`` resumes an epoch mid-way, with workers.
 
-The trainer only sees batches; which worker made each one follows from how
-DataLoader deals tasks (in order, round-robin over the workers that still have
-data, starting at worker 0 every epoch). From the number of batches the trainer
-took, the loader works out how many samples each worker's stream delivered, so
-a new process resumes every worker's stream exactly there: no sample repeated,
-none skipped.
+The epoch is one global order; every step, each rank takes the next batch of it in rank order
+(``samplecache.reading.deal``), and its workers make its batches item by item, round-robin, which is the order
+DataLoader hands them out in. So the batches this rank's training loop took (``k``) say where the whole job
+stands: ``start + k x ranks x batch`` samples of the order (DDP ranks step in lockstep). That position resumes
+on any number of ranks and workers, with any batch size: no sample repeated, none skipped. A batch a worker
+made but the loop never took is not counted: it is read again after the resume.
 
 ``device=`` (e.g. ``"cuda"``) hands out batches on that device: each host batch (pinned memory in-process when
 CUDA is available: the dataset's buffer pool) is copied with ``non_blocking=True`` on a side stream while the
@@ -27,18 +27,6 @@ from samplecache.pytorch.transport import Packed, Ring, materialize
 
 PACK_BYTES = 1 << 20  # a worker gathers this many bytes of small batches into one slot, sent as one item
 MAX_PACK = 16
-
-
-def per_worker_items(items: list[int], taken: int) -> list[int]:
-    """How many items each worker produced after ``taken`` items, dealt round-robin."""
-    got = [0] * len(items)
-    w = 0
-    while taken > 0 and any(g < n for g, n in zip(got, items)):
-        if got[w] < items[w]:
-            got[w] += 1
-            taken -= 1
-        w = (w + 1) % len(items)
-    return got
 
 
 def _moved(batch: Any, device: torch.device, non_blocking: bool) -> Any:
@@ -101,15 +89,6 @@ def cuda_ahead(items: Iterator[tuple[Any, Any]], device: torch.device) -> Iterat
             pending[2].synchronize()  # stopped early: the copy in flight still reads the host batch
 
 
-def pack_sizes(samples: int, batch: int, pack: int, drop_last: bool) -> list[int]:
-    """Batches per item of a worker with ``samples`` left: packs of ``pack`` whole batches, the whole
-    batches left over as one item, then the short batch (unless dropped). Mirrors the dataset's
-    ``samplecache.reading.stream.Stream.batch_groups``."""
-    whole, part = divmod(samples, batch)
-    sizes = [pack] * (whole // pack) + ([whole % pack] if whole % pack else [])
-    return sizes + ([1] if part and not drop_last else [])
-
-
 class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
     """A ``DataLoader`` over a ``SampleCacheDataset`` with ``state_dict()`` / ``load_state_dict()``."""
 
@@ -131,6 +110,8 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
             # stays per-sample; the copy shares its epoch clock (set_epoch), manifests and leases.
             dataset = dataset.batched_like_collate(int(batch), bool(kwargs.get("drop_last", False)))
             kwargs["batch_size"], kwargs["drop_last"] = None, False
+        elif dataset.batch.batch_size is None and batch is not None:
+            dataset.loader_batch = int(batch)  # the samples are dealt by this loader's batches
         super().__init__(dataset, **kwargs)
         self.transport = transport
         self.device = None if device is None else torch.device(device)
@@ -139,12 +120,10 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         self._ring: Ring | None = None
         self._taken = self._items = self._in_item = 0  # batches, items (one or a pack of batches), in the item
         self._packed = False
-        self._base: list[int] | None = None  # per-worker samples already consumed before this iteration
+        self._start = 0  # the position this iteration started at (a loaded state's)
+        self._finished = False  # this iteration read its epoch to the end
         self._epoch: int | None = None
         self._running: Callable[[], Any] = lambda: None  # the latest DataLoader iterator (a weak reference)
-
-    def _workers(self) -> int:
-        return max(1, self.num_workers)
 
     def _ring_for(self, ds: SampleCacheDataset) -> Ring | None:
         """A shared-memory ring for the batched path with forked workers (else None)."""
@@ -204,50 +183,48 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         ds.ring = None  # the workers have forked with it; a plain DataLoader later must not see it
         self._taken = self._items = self._in_item = 0
         self._epoch = None
-        self._base = [0] * self._workers()
+        self._start, self._finished = 0, False
         taken = items = 0
         try:
             for item in it:
                 if self._epoch is None:
                     self._epoch = ds.current_epoch()
                     if resume is not None and resume.epoch == self._epoch:
-                        self._base = list(resume.skip)
+                        self._start = resume.position
                 got = materialize(item)
                 batches = got if isinstance(got, Packed) else (got,)
                 for j, batch in enumerate(batches):
                     taken += 1
                     yield batch, (taken, items, j + 1)
                 items += 1
+            if self._epoch is None:  # an epoch with nothing left for this rank
+                self._epoch = epoch
+                self._start = resume.position if resume is not None and resume.epoch == epoch else 0
+            self._finished = True
         finally:
             core.pending = None
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the current epoch stands, for ``load_state_dict`` in a new process."""
+        """Where the job stands in the current epoch, for ``load_state_dict`` in a new process, on any topology:
+        the batches this rank's loop took, as a position of the epoch's global order (every rank took as many:
+        DDP steps in lockstep, so rank 0's state is the whole job's)."""
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
         if self._epoch is None:  # nothing read yet: the pending resume point, or the next epoch's start
             r = ds.reader.pending
             if r is not None:
-                return {**ds.reader.state(r.epoch, r.skip).to_dict(), "batches": 0}
-            return {**ds.reader.state(ds.next_epoch(), [0] * self._workers()).to_dict(), "batches": 0}
-        w = self._workers()
-        base = self._base or [0] * w
-        per_batch = ds.batch.batch_size or 1
-        if self.batch_size is not None:
-            per_batch *= self.batch_size
-        totals = [ds.reader.count(self._epoch, ds.position(self._epoch, i, w)) for i in range(w)]
-        pack = self._pack() if self._packed else 1
-        items = [pack_sizes(t - b, per_batch, pack, self._drops_last()) for t, b in zip(totals, base)]
-        done = per_worker_items([len(x) for x in items], self._items)  # items wholly handed out, per worker
-        now = per_worker_items([len(x) for x in items], self._items + 1)  # ... and the one being handed out
-        skip = []
-        for i in range(w):
-            batches = sum(items[i][:done[i]]) + (self._in_item if now[i] > done[i] else 0)
-            skip.append(min(base[i] + batches * per_batch, totals[i]))
-        return {**ds.reader.state(self._epoch, skip).to_dict(), "batches": self._taken}
+                return {**ds.reader.state(r.epoch, r.position).to_dict(), "batches": 0}
+            return {**ds.reader.state(ds.next_epoch(), 0).to_dict(), "batches": 0}
+        pos = ds.position(self._epoch)
+        if self._finished:
+            at = ds.reader.end(self._epoch, pos, self._start)
+        else:
+            at = ds.reader.position_after(self._epoch, pos, self._start, self._taken, self._per_batch())
+        return {**ds.reader.state(self._epoch, at).to_dict(), "batches": self._taken}
 
-    def _drops_last(self) -> bool:
+    def _per_batch(self) -> int:
+        """Samples of one full batch handed out."""
         ds: SampleCacheDataset = self.dataset  # type: ignore[assignment]
-        return bool(ds.batch.drop_last if ds.batch.batch_size else self.drop_last)
+        return (ds.batch.batch_size or 1) * (self.batch_size or 1)
 
     def close(self) -> None:
         """Stop the worker processes and release every lease of the dataset now (the one taken ahead for
@@ -267,7 +244,6 @@ class SampleCacheLoader(DataLoader):  # type: ignore[type-arg]
         self.close()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if len(state["skip"]) != self._workers():
-            raise ValueError(f"the state was saved with {len(state['skip'])} workers; this loader has "
-                             f"{self._workers()}: resume with the same num_workers")
+        """Go on where a saved state stood (saved by any rank of any topology, with any batch size): the next
+        iteration reads the rest of its epoch, dealt over this run's ranks and workers."""
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]

@@ -79,6 +79,7 @@ class EpochPlan:
         self.sample_bytes = sample_bytes
         self.chunk = int(min(4096, max(1, CHUNK_BYTES // sample_bytes)))  # positions per read transaction
         self.reader = CacheReader(parsed.lmdb_path, parsed.map_size, self.schema, cache_id=parsed.cache_id)
+        self.orders: dict[tuple[int, bool, int], Any] = {}  # (seed, shuffle, window) -> the epoch's global order
 
 
 def _close_at_exit(ref: "weakref.ref[EpochSource]") -> None:
@@ -172,6 +173,11 @@ class EpochSource:
                 for old in [e for e in self._plans if e < epoch - 1]:
                     del self._plans[old]
         return got
+
+    def cached_plan(self, epoch: int) -> EpochPlan | None:
+        """The manifest of job epoch ``epoch`` if this process has it (never asks the daemon)."""
+        with self._lock:
+            return self._plans.get(epoch)
 
     def _new_keeper(self, plan: EpochPlan, holder: str) -> LeaseKeeper:
         return LeaseKeeper(self.url, plan.daemon_epoch, self.token, holder=holder, job=self.job_name,

@@ -12,7 +12,7 @@ import numbers
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Sequence
 
-from samplecache.reading.partition import PARTIAL
+from samplecache.reading.deal import PARTIAL
 
 DEFAULT_URL = "http://127.0.0.1:8750"
 

@@ -1,20 +1,18 @@
 """One worker's stream of samples for an epoch (a rank, or one of its DataLoader workers): which (shard, row) is next.
 
-Built from the spans this rank x worker owns (``partition.py``), each shard's
-row order, and an optional bounded shuffle: the stream is cut into windows of
-``shuffle_buffer`` positions and each window is permuted (seeded), so a sample
-moves by less than one window and memory stays bounded. Everything depends only
-on (manifest, seed, epoch, world size, workers): resuming at position k
-regenerates the same stream and starts at k.
+Built from the epoch's global order (``order.py``) and the batches this rank x worker is dealt from it
+(``deal.py``): the stream is those batches' positions, in order. Everything depends only on (manifest, seed,
+epoch) for the order and on (position, world size, batch, workers) for the deal, so a resume at a position
+deals the rest of the order anew to whatever topology resumes it.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 
-from samplecache.reading.partition import Span, row_order
+from samplecache.reading.order import EpochOrder
 
 DEFAULT_CHUNK = 4096
 
@@ -22,66 +20,36 @@ DEFAULT_CHUNK = 4096
 class Stream:
     """Positions of one worker's samples, produced in chunks of (manifest index, row) arrays."""
 
-    def __init__(self, spans: Sequence[Span], shard_ids: np.ndarray, shard_rows: np.ndarray, seed: int,
-                 epoch: int, shuffle: bool, shuffle_buffer: int = 0, key: int = 0) -> None:
-        self.spans = list(spans)
-        self.ids, self.rows = shard_ids, shard_rows
-        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
-        self.window = int(shuffle_buffer) if shuffle and shuffle_buffer > 1 else 0
-        self.key = key  # tells workers apart for the window shuffle (rank * workers + worker)
-        self.lengths = np.array([len(s) for s in self.spans], dtype=np.int64)
+    def __init__(self, order: EpochOrder, batches: np.ndarray) -> None:
+        """``batches``: (n, 2) [a, b) ranges of the order, read one after the other."""
+        self.order = order
+        if len(batches) > 1:
+            # one range for batches that follow each other (a single rank's): fewer ranges to search
+            joined = np.flatnonzero(batches[1:, 0] != batches[:-1, 1]) + 1
+            starts, stops = np.r_[0, joined], np.r_[joined, len(batches)] - 1
+            batches = np.stack([batches[starts, 0], batches[stops, 1]], axis=1)
+        self.starts = batches[:, 0].astype(np.int64, copy=False)
+        self.lengths = (batches[:, 1] - batches[:, 0]).astype(np.int64, copy=False)
         self.ends = np.cumsum(self.lengths)
         self.total = int(self.ends[-1]) if len(self.ends) else 0
-        self._order_of: tuple[int, np.ndarray] | None = None  # the last shard's row order
-
-    def _row_order(self, index: int) -> np.ndarray:
-        """A shard's row order, kept while its spans are read (they are consecutive in a stream)."""
-        if self._order_of is None or self._order_of[0] != index:
-            sid = int(self.ids[index])
-            self._order_of = (index, row_order(sid, int(self.rows[index]), self.seed, self.epoch, self.shuffle))
-        return self._order_of[1]
 
     def __len__(self) -> int:
         return self.total
 
     def _positions(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """(manifest index, row) of stream positions [start, stop), before the window shuffle."""
-        idx_parts, row_parts = [], []
-        k = int(np.searchsorted(self.ends, start, side="right"))
-        pos = start
-        while pos < stop and k < len(self.spans):
-            span = self.spans[k]
-            span_start = int(self.ends[k] - self.lengths[k])
-            lo, hi = pos - span_start, min(stop, int(self.ends[k])) - span_start
-            order = self._row_order(span.index)
-            row_parts.append(order[span.start + lo:span.start + hi])
-            idx_parts.append(np.full(hi - lo, span.index, dtype=np.int64))
-            pos = span_start + hi
-            k += 1
-        if not idx_parts:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(idx_parts), np.concatenate(row_parts).astype(np.int64, copy=False)
+        """(manifest index, row) of stream positions [start, stop)."""
+        s = np.arange(start, stop, dtype=np.int64)
+        k = np.searchsorted(self.ends, s, side="right")
+        return self.order.positions(self.starts[k] + s - (self.ends[k] - self.lengths[k]))
 
     def chunks(self, start: int = 0, chunk: int = DEFAULT_CHUNK, first: int | None = None
                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Chunks of the stream from position ``start`` on (the resume point). ``first`` makes the
-        first chunk smaller, so the first batch of an epoch does not wait for a whole chunk."""
-        if first is not None and first < chunk and not self.window and start < self.total:
+        """Chunks of the stream from position ``start`` on. ``first`` makes the first chunk smaller, so the
+        first batch of an epoch does not wait for a whole chunk."""
+        if first is not None and first < chunk and start < self.total:
             head = min(self.total, start + first)
             yield self._positions(start, head)
             start = head
-        if self.window:
-            w = self.window
-            first = start // w
-            for i in range(first, -(-self.total // w)):
-                a, b = i * w, min(self.total, (i + 1) * w)
-                idx, rows = self._positions(a, b)
-                perm = np.random.default_rng([self.seed & 0xFFFFFFFF, self.epoch, 2, self.key, i]).permutation(b - a)
-                idx, rows = idx[perm], rows[perm]
-                skip = start - a if i == first else 0
-                for c in range(skip, b - a, chunk):
-                    yield idx[c:c + chunk], rows[c:c + chunk]
-            return
         for a in range(start, self.total, chunk):
             yield self._positions(a, min(self.total, a + chunk))
 

@@ -1,0 +1,89 @@
+"""An epoch's one global order: which (shard, row) is at each position. Topology-free.
+
+Defined by the manifest, the seed and the epoch only (world size and workers play no part): the shards in a
+seeded order, each shard's rows in a seeded order (so a batch of neighbouring positions reads one or two shards:
+LMDB locality), then, with ``window`` > 1, every window of that many positions permuted (seeded by the window's
+index): a sample moves by less than one window. Positions past the end wrap (padding repeats the start).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from samplecache.reading.partition import row_order, shard_order
+
+CACHED_ORDERS = 256  # shard row orders (and windows) kept: readers sweep the order, so recent ones are reused
+
+
+class EpochOrder:
+    """Global position -> (manifest index, row) for one epoch of one manifest."""
+
+    def __init__(self, ids: np.ndarray, rows: np.ndarray, seed: int, epoch: int, shuffle: bool,
+                 window: int = 0) -> None:
+        self.ids, self.rows = ids, rows
+        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
+        self.window = int(window) if shuffle and window > 1 else 0
+        self.order = shard_order(len(ids), seed, epoch, shuffle)
+        self.ordered = rows[self.order].astype(np.int64, copy=False)
+        self.ends = np.cumsum(self.ordered)
+        self.total = int(self.ends[-1]) if len(self.ends) else 0
+        self._rows: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._windows: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self.total
+
+    @staticmethod
+    def _kept(cache: OrderedDict[int, np.ndarray], key: int, make: "object") -> np.ndarray:
+        got = cache.get(key)
+        if got is None:
+            got = cache[key] = make()  # type: ignore[operator]
+            if len(cache) > CACHED_ORDERS:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(key)
+        return got
+
+    def _row_order(self, index: int) -> np.ndarray:
+        return self._kept(self._rows, index, lambda: row_order(int(self.ids[index]), int(self.rows[index]),
+                                                                 self.seed, self.epoch, True))
+
+    def _windowed(self, g: np.ndarray) -> np.ndarray:
+        w = self.window
+        win = g // w
+        out = np.empty_like(g)
+        for i in np.unique(win).tolist():
+            size = min(w, self.total - i * w)
+            perm = self._kept(self._windows, i, lambda: np.random.default_rng(
+                [self.seed & 0xFFFFFFFF, self.epoch, 2, i]).permutation(size))
+            sel = win == i
+            out[sel] = i * w + perm[g[sel] - i * w]
+        return out
+
+    def positions(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(manifest index, row) arrays of global positions ``g`` (int64; past the end: wrapped)."""
+        if self.total == 0 or len(g) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        g = np.asarray(g, dtype=np.int64) % self.total
+        if self.window:
+            g = self._windowed(g)
+        k = np.searchsorted(self.ends, g, side="right")
+        idx = self.order[k].astype(np.int64, copy=False)
+        off = g - (self.ends[k] - self.ordered[k])
+        if not self.shuffle:
+            return idx, off
+        rows = np.empty_like(off)
+        # neighbouring positions share a shard: one row order per run of equal shards (sorted first when the
+        # window shuffle scattered them)
+        sort = None if self.window == 0 else np.argsort(k, kind="stable")
+        ks = k if sort is None else k[sort]
+        cuts = np.flatnonzero(np.diff(ks)) + 1
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(k)].tolist()):
+            sel = slice(a, b) if sort is None else sort[a:b]
+            rows[sel] = self._row_order(int(self.order[ks[a]]))[off[sel]]
+        return idx, rows
+
+
+__all__ = ["EpochOrder"]
