@@ -332,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--url", default=DEFAULT_URL, help=f"daemon URL (default {DEFAULT_URL})")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
     d = sub.add_parser("demo", help="train a small model through a local daemon on an embedded dataset")
-    d.add_argument("--epochs", type=int, default=4)
+    d.add_argument("--epochs", type=int, default=8, help="training epochs (default 8: the cache fills, then rolls)")
     d.add_argument("--workdir", default=None, help="where the demo's source data and cache go (default: a temp dir)")
     d.add_argument("--port", type=int, default=0, help="daemon port (default: a free one)")
     b = sub.add_parser("bench", help="measure the client on this host's cache at num_workers 0..N and recommend one")
