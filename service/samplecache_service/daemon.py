@@ -101,8 +101,8 @@ class Daemon:
                                  max_per_job=settings.max_leases_per_job)
         self.jobs = JobTable(settings.lease_ttl)
         self.jobs.load(self.catalog.meta("jobs", []) or [])
-        self.remote = FsspecRemote(settings.source, settings.storage_options, settings.table_version) \
-            if settings.source else None
+        self.remote = FsspecRemote(settings.source, settings.storage_options, settings.table_version,
+                                   settings.table_as_of) if settings.source else None
         self.traffic = Traffic(Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate)),
                                lambda: self.remote.bytes_read if self.remote is not None else 0)
         rules = EpochRules(wait_max=settings.epoch_wait_max, max_samples=settings.epoch_max_samples,

@@ -7,6 +7,8 @@ A file:// table written by pyiceberg with a SQL catalog on sqlite."""
 from __future__ import annotations
 
 import importlib.util
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -142,3 +144,23 @@ def test_a_pinned_snapshot_is_served_as_it_was(tmp_path: Path, cache: tuple[Cata
     assert served(disc, catalog, tmp_path) == sorted(want.to_pylist(), key=lambda r: r["id"])
     info = disc.table_info()
     assert info is not None and (info["version"], info["pinned"], info["rows"]) == (first, True, 30)
+
+
+def test_the_snapshot_a_table_had_at_a_time_is_served(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    table = partitioned_table(tmp_path)
+    table.append(rows(0, 30, ["en"]))
+    first = table.current_snapshot().snapshot_id
+    time.sleep(0.05)
+    then = datetime.now(timezone.utc)
+    time.sleep(0.05)
+    table.overwrite(rows(100, 10, ["fr"]))
+    location = table.location().removeprefix("file://")
+    disc = Discovery(FsspecRemote(f"file://{location}", table_as_of=then), catalog, writer, None)
+    disc.run()
+    info = disc.table_info()
+    assert info is not None and (info["version"], info["pinned"], info["rows"]) == (first, True, 30)
+    early = Discovery(FsspecRemote(f"file://{location}", table_as_of=datetime(2000, 1, 1, tzinfo=timezone.utc)),
+                      catalog, writer, None)
+    with pytest.raises(RemoteError, match="no snapshot as of 2000-01-01"):
+        early.run()

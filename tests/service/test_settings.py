@@ -208,6 +208,7 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "STORAGE_OPTIONS_FILE": str(tmp_path / "options.json"),
         "TABLE_VERSION": "5",
         "FILTER": "lang in ('en', 'de')",
+        "TABLE_AS_OF": "2024-05-01T12:00:00+02:00",
     }
     (tmp_path / "options.json").write_text('{"key": "AKIA", "anon": false}')
     for k, v in env.items():
@@ -232,6 +233,7 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert (s.pacing, s.replace_per_epoch, int(s.max_ingest_rate)) == ("off", 0.5, 200 * 10**6)
     assert int(s.unit_bytes) == 16 * 2**20 and s.schema_file == tmp_path / "schema.parquet"
     assert s.table_version == 5 and s.filter == "lang in ('en', 'de')"
+    assert s.table_as_of is not None and s.table_as_of.isoformat() == "2024-05-01T12:00:00+02:00"
     assert (s.auth, s.token_file, int(s.max_body_bytes)) == ("token", tmp_path / "token", 64 * 1024)
     assert (s.max_leases, s.max_leases_per_job) == (100, 10)
     # the test covers every setting there is
@@ -403,7 +405,7 @@ def test_every_setting_is_a_serve_flag(name: str, serve_help: str, tmp_path: Pat
              "replace_per_epoch": "0.5", "max_ingest_rate": "1MB", "unit_bytes": "16MiB",
              "schema_file": "/tmp/schema.parquet", "auth": "off", "token_file": "/tmp/token",
              "max_body_bytes": "2MiB", "log_format": "json", "max_leases": "99", "max_leases_per_job": "9",
-             "table_version": "3", "filter": "lang = 'en'",
+             "table_version": "3", "filter": "lang = 'en'", "table_as_of": "2024-05-01T00:00:00Z",
              "storage_options_file": str(tmp_path / "options.json")}.get(name)
     if value is None:
         pytest.fail(f"new setting {name!r}: add a sample value to this test")

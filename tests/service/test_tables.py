@@ -7,12 +7,14 @@ name. A file:// table, written by deltalake in a subprocess."""
 from __future__ import annotations
 
 import importlib.util
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
 import pytest
-from lake_tables import delete_delta, live_rows, write_delta
+from lake_tables import delete_delta, live_rows, optimize_delta, write_delta
 
 from samplecache.format.record import decode_rows
 from samplecache_service.cli import format_status
@@ -188,3 +190,38 @@ def test_a_pinned_version_is_served_as_it_was(tmp_path: Path, cache: tuple[Catal
     assert info is not None and (info["version"], info["pinned"], info["rows"]) == (0, True, 40)
     write_delta(uri, rows(200, 5, ["it"]), tmp_path)
     assert disc.run() == [] and len(served(disc, catalog, tmp_path)) == 40  # later versions are not followed
+
+
+def test_the_version_a_table_had_at_a_time_is_served(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    uri = str(tmp_path / "table")
+    write_delta(uri, rows(0, 40, ["en"]), tmp_path)
+    time.sleep(0.05)
+    then = datetime.now(timezone.utc)
+    time.sleep(0.05)
+    write_delta(uri, rows(100, 10, ["fr"]), tmp_path, mode="overwrite")
+    disc = Discovery(FsspecRemote(f"file://{uri}", table_as_of=then), catalog, writer, None)
+    disc.run()
+    info = disc.table_info()
+    assert info is not None and (info["version"], info["pinned"], info["rows"]) == (0, True, 40)
+    assert [r["id"] for r in served(disc, catalog, tmp_path)] == list(range(40))
+    both = FsspecRemote(f"file://{uri}", table_version=0, table_as_of=then)
+    with pytest.raises(RemoteError, match="not both"):
+        both.list_files()
+
+
+def test_an_optimize_replaces_small_files_and_serves_the_same_rows(tmp_path: Path,
+                                                                   cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    uri = str(tmp_path / "table")
+    for k in range(4):
+        write_delta(uri, rows(10 * k, 10, ["en"]), tmp_path, partition_by=["lang"])
+    disc = Discovery(FsspecRemote(f"file://{uri}"), catalog, writer, None)
+    disc.run()
+    assert disc.schema is not None
+    before = served(disc, catalog, tmp_path)
+    assert len(before) == 40 and len(catalog.files()) == 4
+    optimize_delta(uri)
+    assert len(disc.run()) == 1  # the compacted file
+    assert disc.removed_now == 4
+    assert served(disc, catalog, tmp_path) == before == truth(uri, disc.schema.names)  # each row once, not twice

@@ -21,6 +21,8 @@ from deltalake import DeltaTable, write_deltalake
 uri, what, arg, opts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]) or None
 if what == "delete":
     DeltaTable(uri, storage_options=opts).delete(arg)
+elif what == "optimize":
+    DeltaTable(uri, storage_options=opts).optimize.compact()
 else:
     spec = json.loads(arg)
     table = pa.ipc.open_file(spec["data"]).read_all()
@@ -59,6 +61,15 @@ def delete_delta(uri: str, predicate: str, options: dict[str, str] | None = None
     _run(uri, "delete", predicate, options)
     after = version(uri, options)
     assert after > before, f"the Delta delete on {uri} did not commit"
+    return after
+
+
+def optimize_delta(uri: str, options: dict[str, str] | None = None) -> int:
+    """Compact the table's small files into larger ones (delta-rs' optimize); returns the new version."""
+    before = version(uri, options)
+    _run(uri, "optimize", "", options)
+    after = version(uri, options)
+    assert after > before, f"optimize on {uri} did not commit"
     return after
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 from contextvars import ContextVar
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -156,6 +157,9 @@ class Settings(BaseSettings):
     table_version: int | None = Field(None, ge=0, description="A table source's version to serve, pinned: a Delta "
                                       "table's version or an Iceberg table's snapshot id (default: the newest, "
                                       "followed as it changes)")
+    table_as_of: datetime | None = Field(None, description="A table source served as it was at this time (ISO 8601, "
+                                         "e.g. 2024-05-01T00:00:00Z): the version a Delta table had then, or an "
+                                         "Iceberg table's snapshot then; not with table_version (refused)")
     epoch_wait_max: float = Field(600.0, gt=0, le=DAY, description="Longest wait (s) a manifest request may ask "
                                   "for with min_samples")
     epochs_kept: int = Field(64, ge=1, le=1_000_000, description="Sealed epoch manifests kept besides those "
@@ -258,6 +262,13 @@ class Settings(BaseSettings):
         nodes = info.data.get("num_nodes", 1)
         if v >= nodes:
             raise ValueError(f"must be smaller than num_nodes ({nodes})")
+        return v
+
+    @field_validator("table_as_of")
+    @classmethod
+    def _zoned(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            raise ValueError("needs a time zone (e.g. 2024-05-01T00:00:00Z)")
         return v
 
     @field_validator("storage_options", mode="before")

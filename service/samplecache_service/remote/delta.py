@@ -7,6 +7,7 @@ partition values are. The version is read again at each listing.
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any, Mapping
 
 import pyarrow as pa
@@ -41,9 +42,9 @@ class DeltaLog:
 
     format = "delta"
 
-    def __init__(self, remote: FsspecRemote, version: int | None = None) -> None:
+    def __init__(self, remote: FsspecRemote, version: int | None = None, as_of: datetime | None = None) -> None:
         self.url, self.root = remote.url, remote.root.rstrip("/")
-        self.pinned_version = version
+        self.pinned_version, self.as_of = version, as_of
         self.version: int | None = None  # the version of the last listing
         self.rows = 0  # rows of the live files, as the log says
         self.seen_at: float | None = None  # when that version was read
@@ -59,7 +60,10 @@ class DeltaLog:
         from deltalake import DeltaTable
 
         try:
-            return DeltaTable(self.table_uri, version=self.pinned_version, storage_options=self.options or None)
+            dt = DeltaTable(self.table_uri, version=self.pinned_version, storage_options=self.options or None)
+            if self.as_of is not None:
+                dt.load_as_version(self.as_of)  # the version the table had at that time
+            return dt
         except Exception as e:  # network, credentials, a damaged log: all surface the same way
             raise RemoteError(f"cannot read the Delta table {self.url!r}: {type(e).__name__}: {e}") from e
 
@@ -94,8 +98,9 @@ class DeltaLog:
 
     def info(self) -> dict[str, Any]:
         """What /v1/status shows of the table: its format, version, live files and rows, when it was read."""
-        return {"format": self.format, "version": self.version, "pinned": self.pinned_version is not None,
-                "files": len(self.parts), "rows": self.rows, "seen_at": self.seen_at}
+        pinned = self.pinned_version is not None or self.as_of is not None
+        return {"format": self.format, "version": self.version, "pinned": pinned, "files": len(self.parts),
+                "rows": self.rows, "seen_at": self.seen_at}
 
 
 def refuse_unsupported(dt: Any, url: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import datetime
 from typing import Any, Mapping
 
 import pyarrow as pa
@@ -48,9 +49,9 @@ class IcebergMetadata:
 
     format = "iceberg"
 
-    def __init__(self, remote: FsspecRemote, snapshot: int | None = None) -> None:
+    def __init__(self, remote: FsspecRemote, snapshot: int | None = None, as_of: datetime | None = None) -> None:
         self.url, self.root = remote.url, remote.root.rstrip("/")
-        self.pinned_version = snapshot
+        self.pinned_version, self.as_of = snapshot, as_of
         self.version: int | None = None  # the snapshot id of the last listing
         self.rows = 0
         self.seen_at: float | None = None
@@ -81,8 +82,14 @@ class IcebergMetadata:
         """The live data files of the current (or pinned) snapshot; their sizes set on ``remote``."""
         table = self._table(remote)
         refuse_evolved(table, self.url)
+        pinned = self.pinned_version
+        if self.as_of is not None:
+            snap = table.snapshot_as_of_timestamp(int(self.as_of.timestamp() * 1000))
+            if snap is None:
+                raise RemoteError(f"the Iceberg table {self.url!r} has no snapshot as of {self.as_of.isoformat()}")
+            pinned = snap.snapshot_id
         try:
-            tasks = list(table.scan(snapshot_id=self.pinned_version).plan_files())
+            tasks = list(table.scan(snapshot_id=pinned).plan_files())
         except Exception as e:  # noqa: BLE001 - reading manifests: the same failure as a listing's
             raise RemoteError(f"cannot plan the Iceberg table {self.url!r}: {type(e).__name__}: {e}") from e
         deletes = sum(len(t.delete_files) for t in tasks)
@@ -109,7 +116,7 @@ class IcebergMetadata:
         remote.sizes = sizes
         remote.signatures = {p: str(s) for p, s in sizes.items()}
         remote.others = []
-        snap = table.current_snapshot() if self.pinned_version is None else table.snapshot_by_id(self.pinned_version)
+        snap = table.current_snapshot() if pinned is None else table.snapshot_by_id(pinned)
         self.version, self.seen_at = (snap.snapshot_id if snap is not None else None), time.time()
         if not paths:
             raise RemoteError(f"the Iceberg table {self.url!r} has no data file in snapshot {self.version}")
@@ -120,8 +127,9 @@ class IcebergMetadata:
         return dict(self.parts.get(path, {}))
 
     def info(self) -> dict[str, Any]:
-        return {"format": self.format, "version": self.version, "pinned": self.pinned_version is not None,
-                "files": len(self.parts), "rows": self.rows, "seen_at": self.seen_at}
+        pinned = self.pinned_version is not None or self.as_of is not None
+        return {"format": self.format, "version": self.version, "pinned": pinned, "files": len(self.parts),
+                "rows": self.rows, "seen_at": self.seen_at}
 
 
 def refuse_evolved(table: Any, url: str) -> None:

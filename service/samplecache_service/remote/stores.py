@@ -8,6 +8,7 @@ import glob as _glob
 import struct
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -113,10 +114,11 @@ class FsspecRemote:
     """A prefix, directory or glob of Parquet files behind an fsspec URL."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None,
-                 table_version: int | None = None) -> None:
+                 table_version: int | None = None, table_as_of: datetime | None = None) -> None:
         self.url = url
         self.storage_options = dict(storage_options or {})
-        self.table_version = table_version  # a table source's pinned version (None: follow the newest)
+        # a table source's pinned version, or the one it had at a time (neither: follow the newest)
+        self.table_version, self.table_as_of = table_version, table_as_of
         # the table at the root (remote.tables), found by the first listing; None: a folder of Parquet files
         self.table: Any = None
         self._looked_for_table = False

@@ -38,6 +38,8 @@ def find_table(remote: FsspecRemote) -> Any:
         raise RemoteError(f"cannot list source {remote.url!r}: {type(e).__name__}: {e}") from e
     if kind is None:
         return None
+    if remote.table_version is not None and remote.table_as_of is not None:
+        raise RemoteError("give --table-version or --table-as-of, not both")
     package, extra = READERS[kind]
     if importlib.util.find_spec(package) is None:
         shown = {"delta": f"a Delta Lake table (it holds {DELTA_LOG}/)",
@@ -45,5 +47,5 @@ def find_table(remote: FsspecRemote) -> Any:
         raise RemoteError(f"source {remote.url!r} is {shown}, and the {package} package that reads it is not "
                           f"installed: {extra}")
     if kind == "delta":
-        return DeltaLog(remote, remote.table_version)
-    return IcebergMetadata(remote, remote.table_version)
+        return DeltaLog(remote, remote.table_version, remote.table_as_of)
+    return IcebergMetadata(remote, remote.table_version, remote.table_as_of)
