@@ -303,8 +303,11 @@ class Daemon:
 
 
     def _not_discovered(self) -> str | None:
-        """Why no epoch can be sealed yet: the source's schema is not known (discovery has not listed it)."""
-        if self.schema is not None:
+        """Why no epoch can be sealed yet: the source's schema is not known (discovery has not listed it); or, on a
+        warm cache of a table or with a filter, this run has not listed the source yet: until it has, the files
+        that left the table (or the filter) while the daemon was stopped are not known, and would be served."""
+        d = self.discovery
+        if self.schema is not None and not (d is not None and d.listed_at is None and d.prunes()):
             return None
         return f"the source is not discovered yet: {self.last_error or 'discovering'}"
 

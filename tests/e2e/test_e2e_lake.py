@@ -235,3 +235,25 @@ def test_a_filter_fetches_nothing_of_the_partitions_it_leaves_out(proxy: BytePro
     assert (files["parquet"], files["outside_filter"], files["filter"]) == (22, 20, "lang in ('en', 'de')"), files
     # listings, the two files read and the HTTP around them: far less than one footer read of each fr file
     assert proxy.downloaded < 20 * 64 * 1024 / 4, proxy.downloaded
+
+
+def test_a_warm_restart_serves_no_epoch_before_it_read_the_tables_version(
+        daemon: Any, s3: Any, prefix: str, tmp_path: Path, get: Callable[..., Any], until: Callable[..., Any]) -> None:
+    pytest.importorskip("deltalake")
+    from samplecache_tools.launch import free_port
+
+    uri, opts = f"s3://{prefix}/table", s3_options(s3)
+    write_delta(uri, delta_rows(0, 60, ["en"]), tmp_path, options=opts)
+    d = daemon(source=uri)
+    until(lambda: get(d.url + "/v1/status").json()["samples"] == 60, 60, "60 samples resident")
+    assert daemon.stop(d).code == 0
+    # overwritten while the daemon is stopped; it comes back on its warm cache with the remote unreachable
+    write_delta(uri, delta_rows(100, 40, ["fr"]), tmp_path, mode="overwrite", options=opts)
+    env = s3.env()
+    env["AWS_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL_S3"] = f"http://127.0.0.1:{free_port()}"
+    d = daemon(source=uri, env=env)
+    r = get(d.url + "/v1/epochs/0?min_samples=1&timeout=2")
+    assert r.status == 503 and "not discovered yet" in r.json()["detail"], r.body  # not the 60 stale rows
+    assert daemon.stop(d).code == 0
+    d = daemon(source=uri)
+    compare_table(by_id(read_epoch(d.url, 40)), live_rows(uri, opts), "after a warm restart")

@@ -84,6 +84,11 @@ class Discovery:
                 "skipped_text": skipped_files(self.others, root) if self.others else "",
                 "filter": self.filter.text if self.filter else None, "outside_filter": self.outside_filter}
 
+    def prunes(self) -> bool:
+        """Whether a listing can take cached files out of the dataset: the source is a table (as this cache knew
+        it), or a filter is set."""
+        return self.filter is not None or bool(self.catalog.meta("table_format"))
+
     @property
     def is_table(self) -> bool:
         """Whether the source is a table (its log says which files are live), not a folder."""
@@ -101,6 +106,9 @@ class Discovery:
         """List the source; record the new files (units or quarantine), and look again at quarantined files that
         changed (size/ETag/mtime) or were released by hand. Returns the paths whose units are new."""
         listed = self.remote.list_files()
+        table = getattr(self.remote, "table", None)
+        if table is not None and self.catalog.meta("table_format") != table.format:
+            self.writer.put_meta({"table_format": table.format}).result()  # a warm start waits for a listing
         parts = {p: self.remote.partitions(p) for p in listed}
         self._types = self._partition_types(parts)
         paths = self._filtered(listed, parts)
