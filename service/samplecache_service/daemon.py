@@ -247,8 +247,8 @@ class Daemon:
     def make_room(self, incoming: int) -> EvictionPlan:
         """Which shards to evict so ``incoming`` more bytes fit (runs on the writer thread): first every unpinned
         shard of a file no longer live in its table, then what the policy picks."""
-        shards, pinned, files = self.catalog.shards(), self.epochs.pinned_shards(), self.catalog.files()
-        stale = [s for s in shards if s.id not in pinned and s.path in files and files[s.path].removed]
+        shards, pinned, removed = self.catalog.shards(), self.epochs.pinned_shards(), self.catalog.removed_files()
+        stale = [s for s in shards if s.id not in pinned and s.path in removed] if removed else []
         if stale:
             ids = {s.id for s in stale}
             shards = [s for s in shards if s.id not in ids]

@@ -105,6 +105,7 @@ def test_only_live_rows_are_sampled_as_the_table_changes(tmp_path: Path, cache: 
     assert disc.removed_now > 0
     removed = [p for p, i in catalog.files().items() if i.removed]
     assert removed and all(p not in remote.sizes for p in removed)
+    assert catalog.removed_files() == set(removed)  # what eviction and sealing look up, kept per files' version
     got = served(disc, catalog, tmp_path)
     assert got == truth(uri, names) and len(got) == 80 - 10 - 5
     info = disc.table_info()

@@ -103,8 +103,8 @@ class EpochManager:
         ``headroom`` of the budget free. While an epoch is leased its shards cannot be evicted, so this headroom
         is where new shards go until the next epoch; without it a full, leased cache could never take in new
         data. Shards of a file no longer live in its table are never named, even while a lease keeps them."""
-        files = self.catalog.files()
-        shards = [s for s in self.catalog.shards() if not (s.path in files and files[s.path].removed)]
+        removed = self.catalog.removed_files()
+        shards = [s for s in self.catalog.shards() if s.path not in removed]
         if not shards:
             return []
         keep = int(self.budget.max_bytes * (1.0 - self.rules.headroom))

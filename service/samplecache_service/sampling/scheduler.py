@@ -198,8 +198,8 @@ class Scheduler:
 
     def _stale_resident(self) -> bool:
         """Whether a resident shard comes from a file no longer live in its table."""
-        files = self.catalog.files()
-        return any(s.path in files and files[s.path].removed for s in self.catalog.shards())
+        removed = self.catalog.removed_files()
+        return bool(removed) and any(s.path in removed for s in self.catalog.shards())
 
     def discover_soon(self) -> None:
         self._next_discovery = 0.0

@@ -87,6 +87,7 @@ class Catalog:
         self.resident_rows = 0
         self._units: Counter[tuple[str, int]] = Counter()
         self.files_version = 0
+        self._removed: tuple[int, frozenset[str]] = (-1, frozenset())  # (files_version, removed files' paths)
         self.shards_version = 0  # changes whenever a shard is added or removed
         self._summaries: dict[int, dict[str, Any]] = {}  # kept epochs' summaries (status, jobs)
         self._manifest_sizes: dict[int, int] = {}
@@ -257,6 +258,15 @@ class Catalog:
         with self._lock:
             self._state.files[path] = info
             self.files_version += 1
+
+    def removed_files(self) -> frozenset[str]:
+        """Paths of the files no longer in the dataset (``FileInfo.removed``: they left their table or the filter),
+        counted again only when the files change: asked at every ingest and seal."""
+        with self._lock:
+            if self._removed[0] != self.files_version:
+                self._removed = (self.files_version,
+                                 frozenset(p for p, i in self._state.files.items() if i.removed))
+            return self._removed[1]
 
     def file(self, path: str) -> FileInfo:
         """``path``'s record; a path not discovered (yet) reads as an empty one."""
