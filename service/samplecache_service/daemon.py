@@ -307,6 +307,8 @@ class Daemon:
         warm cache of a table or with a filter, this run has not listed the source yet: until it has, the files
         that left the table (or the filter) while the daemon was stopped are not known, and would be served."""
         d = self.discovery
+        if d is not None and d.refused:
+            return f"the source's table cannot be served as it is now: {d.refused}"
         if self.schema is not None and not (d is not None and d.listed_at is None and d.prunes()):
             return None
         return f"the source is not discovered yet: {self.last_error or 'discovering'}"

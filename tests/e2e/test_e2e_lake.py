@@ -257,3 +257,21 @@ def test_a_warm_restart_serves_no_epoch_before_it_read_the_tables_version(
     assert daemon.stop(d).code == 0
     d = daemon(source=uri)
     compare_table(by_id(read_epoch(d.url, 40)), live_rows(uri, opts), "after a warm restart")
+
+
+def test_a_table_that_takes_on_deletion_vectors_is_not_served_until_it_drops_them(
+        daemon: Any, s3: Any, prefix: str, tmp_path: Path, get: Callable[..., Any], until: Callable[..., Any]) -> None:
+    pytest.importorskip("deltalake")
+    uri, opts = f"s3://{prefix}/table", s3_options(s3)
+    version = write_delta(uri, delta_rows(0, 30, ["en"]), tmp_path, options=opts)
+    d = daemon(source=uri, extra=["--discover-interval", "1"])
+    until(lambda: get(d.url + "/v1/status").json()["samples"] == 30, 60, "30 samples resident")
+    # a writer turns deletion vectors on (Databricks' default): rows may now be deleted without a file changing
+    s3.fs().pipe(f"{prefix}/table/_delta_log/{version + 1:020d}.json",
+                 b'{"protocol":{"minReaderVersion":3,"minWriterVersion":7,"readerFeatures":["deletionVectors"],'
+                 b'"writerFeatures":["deletionVectors"]}}\n')
+    status = until(lambda: (lambda s: s if "deletionVectors" in (s["sampler"]["reason"] or "") else None)(
+        get(d.url + "/v1/status").json()), 30, "the refusal in the status")
+    assert "deletionVectors" in status["last_error"], status["last_error"]
+    r = get(d.url + "/v1/epochs/0?min_samples=1&timeout=2")
+    assert r.status == 503 and "deletionVectors" in r.json()["detail"], r.body

@@ -22,7 +22,7 @@ from samplecache_service.http.models import TableStatus
 from samplecache_service.remote.delta import delta_options
 from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.planner import build_units
-from samplecache_service.remote.stores import FsspecRemote, RemoteError
+from samplecache_service.remote.stores import FsspecRemote, RemoteError, TableRefused
 from samplecache_service.sampling.sampler import SampleTask, run_task
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.staging import read_staged
@@ -226,3 +226,19 @@ def test_an_optimize_replaces_small_files_and_serves_the_same_rows(tmp_path: Pat
     assert len(disc.run()) == 1  # the compacted file
     assert disc.removed_now == 4
     assert served(disc, catalog, tmp_path) == before == truth(uri, disc.schema.names)  # each row once, not twice
+
+
+def test_a_feature_taken_on_later_stops_the_table_until_it_is_gone(tmp_path: Path,
+                                                                   cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    uri = tmp_path / "table"
+    version = write_delta(str(uri), rows(0, 10, ["en"]), tmp_path)
+    disc = Discovery(FsspecRemote(f"file://{uri}"), catalog, writer, None)
+    disc.run()
+    assert disc.refused is None
+    dv = uri / "_delta_log" / f"{version + 1:020d}.json"
+    dv.write_text('{"protocol":{"minReaderVersion":3,"minWriterVersion":7,"readerFeatures":["deletionVectors"],'
+                  '"writerFeatures":["deletionVectors"]}}\n')
+    with pytest.raises(TableRefused, match="deletionVectors"):
+        disc.run()
+    assert disc.refused is not None and "deletionVectors" in disc.refused  # the daemon seals and samples nothing

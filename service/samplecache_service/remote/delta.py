@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
-from samplecache_service.remote.stores import FsspecRemote, RemoteError, s3_endpoint
+from samplecache_service.remote.stores import FsspecRemote, RemoteError, TableRefused, s3_endpoint
 
 DELTA_LOG = "_delta_log"
 # reader features whose tables delta-rs lists correctly and whose files read as plain Parquet
@@ -111,12 +111,12 @@ def refuse_unsupported(dt: Any, url: str) -> None:
     config = dict(dt.metadata().configuration or {})
     mapping = config.get("delta.columnMapping.mode", "none")
     if "columnMapping" in features or mapping != "none" or protocol.min_reader_version == 2:
-        raise RemoteError(f"the Delta table {url!r} uses column mapping (delta.columnMapping.mode={mapping}): "
+        raise TableRefused(f"the Delta table {url!r} uses column mapping (delta.columnMapping.mode={mapping}): "
                           f"samplecache cannot serve it yet; rewrite it without column mapping")
     if "deletionVectors" in features:
-        raise RemoteError(f"the Delta table {url!r} has the deletionVectors reader feature: samplecache cannot serve "
+        raise TableRefused(f"the Delta table {url!r} has the deletionVectors reader feature: samplecache cannot serve "
                           f"it yet (its deleted rows would be served); rewrite it without deletion vectors "
                           f"(delta.enableDeletionVectors=false, then REORG TABLE ... APPLY (PURGE))")
     unknown = sorted(features - DELTA_SAFE_FEATURES)
     if unknown:
-        raise RemoteError(f"the Delta table {url!r} has reader features samplecache does not serve: {unknown}")
+        raise TableRefused(f"the Delta table {url!r} has reader features samplecache does not serve: {unknown}")

@@ -25,7 +25,14 @@ from samplecache_service.remote.schemas import (
     to_text,
     unify,
 )
-from samplecache_service.remote.stores import ErrorKind, RemoteError, RemoteStore, classify_error, skipped_files
+from samplecache_service.remote.stores import (
+    ErrorKind,
+    RemoteError,
+    RemoteStore,
+    TableRefused,
+    classify_error,
+    skipped_files,
+)
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.writer import Writer
@@ -56,6 +63,7 @@ class Discovery:
         self.others: list[str] = []
         self.listed_at: float | None = None
         self.removed_now = 0  # files the last listing found gone from the table (their shards are to be evicted)
+        self.refused: str | None = None  # why the table's newest version cannot be served (a feature it took on)
         self.pinned = load_schema_file(schema_file) if schema_file else None
         if self.pinned is not None:
             lacking = [c for c in columns or () if c not in self.pinned.names]
@@ -105,7 +113,12 @@ class Discovery:
     def run(self) -> list[str]:
         """List the source; record the new files (units or quarantine), and look again at quarantined files that
         changed (size/ETag/mtime) or were released by hand. Returns the paths whose units are new."""
-        listed = self.remote.list_files()
+        try:
+            listed = self.remote.list_files()
+        except TableRefused as e:
+            self.refused = str(e)  # no epoch is sealed and nothing sampled until the table can be served again
+            raise
+        self.refused = None
         table = getattr(self.remote, "table", None)
         if table is not None and self.catalog.meta("table_format") != table.format:
             self.writer.put_meta({"table_format": table.format}).result()  # a warm start waits for a listing

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
-from samplecache_service.remote.stores import FsspecRemote, RemoteError, s3_endpoint
+from samplecache_service.remote.stores import FsspecRemote, RemoteError, TableRefused, s3_endpoint
 
 METADATA_DIR = "metadata"
 # 00003-<uuid>.metadata.json (a catalog's tables) or v3.metadata.json (a Hadoop table): the number orders them
@@ -94,7 +94,7 @@ class IcebergMetadata:
             raise RemoteError(f"cannot plan the Iceberg table {self.url!r}: {type(e).__name__}: {e}") from e
         deletes = sum(len(t.delete_files) for t in tasks)
         if deletes:
-            raise RemoteError(f"the Iceberg table {self.url!r} has {deletes} delete file(s) (merge-on-read deletes):"
+            raise TableRefused(f"the Iceberg table {self.url!r} has {deletes} delete file(s) (merge-on-read deletes):"
                               f" samplecache cannot serve them yet (their deleted rows would be served); rewrite "
                               f"the table's data files (rewrite_data_files) or use copy-on-write deletes")
         spec, schema = table.spec(), table.schema()
@@ -105,7 +105,7 @@ class IcebergMetadata:
         for t in tasks:
             f = t.file
             if str(f.file_format).rsplit(".", 1)[-1].upper() != "PARQUET":
-                raise RemoteError(f"the Iceberg table {self.url!r} has {f.file_format} data files: only Parquet "
+                raise TableRefused(f"the Iceberg table {self.url!r} has {f.file_format} data files: only Parquet "
                                   f"is served")
             path = type(remote.fs)._strip_protocol(f.file_path)
             paths.append(path)
@@ -141,5 +141,5 @@ def refuse_evolved(table: Any, url: str) -> None:
             names.setdefault(field.field_id, set()).add(field.name)
     renamed = sorted(min(n) for n in names.values() if len(n) > 1)
     if renamed:
-        raise RemoteError(f"the Iceberg table {url!r} renamed columns {renamed} (column ids are not followed): "
+        raise TableRefused(f"the Iceberg table {url!r} renamed columns {renamed} (column ids are not followed): "
                           f"samplecache cannot serve it yet")

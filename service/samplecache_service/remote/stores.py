@@ -86,6 +86,11 @@ class RemoteError(Exception):
     """The remote cannot be listed or opened (bad URL, unreachable, no Parquet files)."""
 
 
+class TableRefused(RemoteError):
+    """The source's table uses a feature the daemon cannot serve exactly (deletion vectors, column mapping,
+    merge-on-read deletes): served as is, it would give rows the table no longer holds."""
+
+
 class RangeUnsupported(RemoteError):
     """The server answered a ranged read with the whole file: row groups cannot be read from it."""
 

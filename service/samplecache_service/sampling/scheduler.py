@@ -212,6 +212,9 @@ class Scheduler:
             self.complete, self._skips = False, 0
         if self.user_paused:
             return "paused by request"
+        refused = getattr(self.discovery, "refused", None)
+        if refused:  # the table took on a feature that cannot be served: its newest rows are not known
+            return str(refused)
         if self.disk_full:
             free = self.disk.free()
             if free < self.budget.min_free_disk or self.clock() < self._backoff_until:
