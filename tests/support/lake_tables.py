@@ -7,6 +7,7 @@ Writes run in a subprocess: the process that ran ``write_deltalake`` may abort a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,8 +124,10 @@ def spark_hive(out: Path, rows: list[tuple[Any, ...]]) -> dict[str, Any]:
     """A Hive-partitioned dataset (by lang, year) written by Spark (local[1]) at ``out``, and Spark's own read of
     it back: {"schema": ..., "rows": [...]}."""
     dump = out.parent / f"{out.name}-spark.json"
+    # no JVM perf-data file in /tmp/hsperfdata_<user>; Spark's scratch space under the test's dir
+    env = {**os.environ, "JAVA_TOOL_OPTIONS": "-XX:-UsePerfData", "SPARK_LOCAL_DIRS": str(out.parent)}
     subprocess.run([sys.executable, "-c", _SPARK, str(out), str(dump), json.dumps(rows)], check=True, timeout=300,
-                   capture_output=True)
+                   capture_output=True, env=env)
     got: dict[str, Any] = json.loads(dump.read_text())
     dump.unlink()
     return got
