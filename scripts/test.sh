@@ -33,6 +33,13 @@ PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q
 # tests/client/test_dali.py: samplecache.dali needs NVIDIA DALI, the `dali` extra (nvidia-dali-cuda120, a 425 MB wheel that
 # runs CPU-only pipelines too: ~30 s; leaves numpy and torch be)
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[dali]"
+# tests/e2e/test_e2e_lake.py reads a dataset Spark wrote: pyspark (~300 MB; the JVM, Java 17, comes with the image's
+# JDK), then required, not skipped
+if PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q "pyspark>=4.0,<5"; then
+  export SAMPLECACHE_TEST_SPARK=require
+else
+  echo "warning: could not install pyspark; the Spark test will skip" >&2
+fi
 # the peers of the benchmark suite (its CI smoke run verifies every loader row); never fatal
 bash benchmarks/install_peers.sh || echo "warning: benchmark peers not installed; their rows will say so" >&2
 # A private temp dir for the run, which must be empty at the end: tests keep their files under their own dirs and
