@@ -128,7 +128,8 @@ class EpochLine:
         new = (f"+0 new: daemon epoch {self.daemon_epoch} again" if self.new == 0 and self.epoch > 0
                else f"+{self.new:,} new")
         cov = "unknown" if self.coverage is None else f"{self.coverage:.0%}"
-        return (f"epoch {self.epoch}: {self.samples:,} samples ({new}), {self.evicted} shards evicted, "
+        shards = "shard" if self.evicted == 1 else "shards"
+        return (f"epoch {self.epoch}: {self.samples:,} samples ({new}), {self.evicted} {shards} evicted, "
                 f"remote covered {cov}, val acc {self.val_acc:.3f} (loss {self.loss:.3f}, "
                 f"{self.samples_per_s:,.0f} samples/s)")
 

@@ -94,6 +94,14 @@ def test_an_epoch_that_reuses_the_daemon_epoch_reports_no_new_samples(tmp_path: 
     assert "(+2,000 new)" in lines[0] and all("(+0 new: daemon epoch 0 again)" in ln for ln in lines[1:]), lines
 
 
+def test_an_epoch_line_says_what_came_and_went_in_words() -> None:
+    line = demo.EpochLine(epoch=3, daemon_epoch=2, samples=32_000, new=7_500, evicted=1, coverage=0.5,
+                          cache_samples=40_000, seen=60_000, trained=32_000, loss=0.35, train_acc=0.86, val_acc=0.863,
+                          samples_per_s=20_000.0)
+    assert line.text() == ("epoch 3: 32,000 samples (+7,500 new), 1 shard evicted, remote covered 50%, val acc 0.863 "
+                           "(loss 0.350, 20,000 samples/s)")
+
+
 def samplecache_command() -> list[str]:
     script = Path(sys.executable).with_name("samplecache")
     return [str(script)] if script.exists() else [sys.executable, "-m", "samplecache_service"]
@@ -107,7 +115,7 @@ def test_samplecache_demo_command_fills_then_rolls_and_keeps_its_log_and_chart(t
                           timeout=240, env=cc.child_env({"TMPDIR": str(tmp_path)}))
     out = proc.stdout
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{out[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    lines = re.findall(r"^epoch (\d+): ([\d,]+) samples \(\+([\d,]+) new.*?\), (\d+) shards evicted, "
+    lines = re.findall(r"^epoch (\d+): ([\d,]+) samples \(\+([\d,]+) new.*?\), (\d+) shards? evicted, "
                        r"remote covered (\d+)%, val acc (\d\.\d+)", out, re.M)
     assert [int(e) for e, *_ in lines] == [0, 1, 2, 3, 4], out
     samples, new, evicted, covered = ([int(ln[i].replace(",", "")) for ln in lines] for i in (1, 2, 3, 4))
