@@ -35,8 +35,9 @@ JOBS_KEPT = 200  # expired jobs beyond this are forgotten, oldest first
 EPOCHS_KEPT = 100  # per job: older epoch mappings are forgotten
 SUPERSEDED_KEPT = 16
 # How long a new epoch (a job's mapping, a fresh seal) pins its shards before its first lease: the gap between a
-# reader getting the manifest and leasing it (a DataLoader worker starting). Capped by the lease TTL.
-PIN_GRACE_S = 10.0
+# reader getting the manifest and leasing it (DataLoader workers starting: spawn and import torch, 10 s and more on
+# a busy host). Capped by the lease TTL; a lease taken ends it at once.
+PIN_GRACE_S = 30.0
 
 
 @dataclass

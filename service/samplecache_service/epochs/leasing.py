@@ -109,14 +109,16 @@ class Leasing:
 
     def ended(self, leases: Iterable[Lease]) -> None:
         """Leases were released or expired: their readers' samples count for their jobs' epochs, and their
-        records go, with the job table, in one commit. A lease that ends with nothing read was taken ahead
-        (a worker fetched the next epoch, then exited): its epoch stays pinned for PIN_GRACE_S, the hand-over
-        to the workers that read it; one that read something unpins at once."""
+        records go, with the job table, in one commit. A lease of the newest epoch that ends with nothing read
+        was taken ahead (a worker fetched the next epoch, then exited): that epoch stays pinned for PIN_GRACE_S,
+        the hand-over to the workers that read it. Any other lease unpins at once: an older epoch handed back
+        unread is one the job went past, and holding it would only stall sampling."""
         records: dict[str, dict[str, Any] | None] = {}
+        newest = self.epochs.last_sealed()
         for lease in leases:
             self.jobs.add_read(lease.job, lease.job_epoch, lease.read)
             records[lease.id] = None
-            if lease.read == 0:
+            if lease.read == 0 and lease.epoch == newest:
                 self.epochs.hold(lease.epoch)
         if records:
             self.writer.put_leases(records, meta=lambda: {"jobs": self.jobs.saved()})
