@@ -3,9 +3,11 @@
 One ``Reader`` per job and process: its epochs (job, manifests fetched once per process, the next one fetched
 ahead, leases while reading), the split of an epoch over ranks x workers (``Position``), and the reading itself,
 as per-sample dicts (``samples``) or columnar numpy batches (``batches``, vectorised gathers). ``ResumeState``:
-where a job's reading stands, as documented JSON (README). What it is told comes as one object per concern
-(``CacheOptions``, ``SplitOptions``, ``BatchOptions``: ``samplecache.reading.options``, re-exported here). The
-PyTorch, TensorFlow, JAX/NumPy and DALI adapters sit on top.
+where a job's reading stands, as documented JSON (README): one position in the epoch's topology-free global
+order (``reading/order.py``), from which the rest is dealt to whatever topology resumes (``reading/deal.py``).
+What it is told comes as one object per concern (``CacheOptions``, ``SplitOptions``, ``BatchOptions``:
+``samplecache.reading.options``, re-exported here). The PyTorch, TensorFlow, JAX/NumPy and DALI adapters sit on
+top.
 
 Words: a "reader" is the LMDB ``CacheReader`` (``samplecache.reading.reader``; ``EpochPlan.reader``); ``Reader``
 keeps its public name for the job read in one process, and adapters keep theirs at ``.reader``. One rank, or one
@@ -24,7 +26,7 @@ from samplecache.api.client import DaemonError, EpochGone, request_json
 from samplecache.format.constants import MAX_NUMBER
 from samplecache.reading.batching import ahead, batch_groups, batch_items, gather_batches
 from samplecache.reading.bufferpool import BufferPool
-from samplecache.reading.deal import epoch_end, position_after, rank_batches, worker_batches
+from samplecache.reading.deal import epoch_end, position_after, rank_batches, single_rank_items, worker_batches
 from samplecache.reading.epoch_clock import EpochClock
 from samplecache.reading.epoch_source import EpochPlan, EpochSource, MissingColumn, check_columns
 from samplecache.reading.gather import default_threads
@@ -35,6 +37,7 @@ from samplecache.reading.reader import split_batch
 from samplecache.reading.stream import Stream
 
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
+LOOSE_RUN = 256  # samples per worker turn when no batch size is known (a plain DataLoader), at most a read chunk
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 STATE_VERSION = 2  # 2: one position in the epoch's global order (elastic); 1: per-worker skip counts
 _ONE_BY_ONE = BatchOptions(None)  # frozen, so one shared instance: samples, read ahead as by default
@@ -162,15 +165,24 @@ def rank_share(plan: EpochPlan, split: SplitOptions, pos: Position, start: int =
     return (epoch_end(plan.total, start, pos.local_world, split.partial) - start) // pos.local_world
 
 
+def loose_run(plan: EpochPlan) -> int:
+    """Samples a worker reads in turn when no batch size is known (a plain DataLoader over a per-sample dataset):
+    runs of neighbouring positions keep LMDB locality; at most a read chunk, so every worker gets turns."""
+    return min(LOOSE_RUN, plan.chunk)
+
+
 def stream_for(plan: EpochPlan, split: SplitOptions, pos: Position, start: int = 0, unit: int = 1,
                pack: int = 1) -> Stream:
     """The samples ``pos`` reads in ``plan``'s epoch from position ``start``, in order: the rest of the epoch's
     global order cut into steps of ``local_world x unit`` (``unit``: samples per batch of a rank), the rank's
     batch of each step, the batches of its worker (items of ``pack`` batches, round-robin)."""
     end = epoch_stop(plan, split, pos, start)
-    batches = rank_batches(start, end, pos.local_rank, pos.local_world, unit)
-    if pos.workers > 1:
-        batches = worker_batches(batches, unit, pos.worker, pos.workers, pack)
+    if pos.local_world == 1:
+        batches = single_rank_items(start, end, unit, pos.worker, pos.workers, pack)
+    else:
+        batches = rank_batches(start, end, pos.local_rank, pos.local_world, unit)
+        if pos.workers > 1:
+            batches = worker_batches(batches, unit, pos.worker, pos.workers, pack)
     return Stream(order_of(plan, split), batches)
 
 
@@ -316,7 +328,7 @@ class Reader:
         as ``BatchOptions`` reads them by default), with this epoch's lease held and the next epoch's manifest
         fetched near the end. Adapters may group ``unit`` positions per item and make the items with
         ``gather(plan, index, rows, unit)`` yielding (samples, item). ``deal``: the samples of one batch of the
-        rank (the deal's unit; default the batch size, else 1)."""
+        rank (the deal's unit; default the batch size, else 1, with workers taking turns by ``loose_run``)."""
         batch = batch or _ONE_BY_ONE
         plan = self.plan(epoch)
         threads = batch.copy_threads or default_threads()
@@ -329,7 +341,7 @@ class Reader:
             make = gather or (lambda p, i, r, u: gather_batches(p, i, r, b, threads, masks, self.buffers().alloc))
             items = batch_items(plan, stream, 0, b, unit, batch.drop_last, make, batch.prefetch)
         else:
-            stream = stream_for(plan, self.split, pos, start, per)
+            stream = stream_for(plan, self.split, pos, start, per, 1 if deal else loose_run(plan))
             items = self._sample_items(plan, stream, 0, batch.prefetch, threads)
         holder = f"rank {pos.rank} worker {pos.worker}"
         keeper = self.source.keeper(plan, holder)
@@ -419,4 +431,5 @@ class Reader:
 
 __all__ = ["DEFAULT_URL", "CacheOptions", "SplitOptions", "BatchOptions", "Options", "Position", "ResumeState",
            "Reader", "EpochPlan", "DaemonError", "EpochGone", "MissingColumn", "stream_for", "rank_share",
-           "batch_groups", "gather_batches", "epoch_number", "StaleState", "ForeignState", "order_of", "epoch_stop"]
+           "batch_groups", "gather_batches", "epoch_number", "StaleState", "ForeignState", "order_of", "epoch_stop",
+           "loose_run"]

@@ -14,7 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from samplecache.core import Position, stream_for
-from samplecache.reading.deal import PARTIAL, epoch_end, position_after, rank_batches, worker_batches
+from samplecache.reading import stream as stream_module
+from samplecache.reading.deal import (
+    PARTIAL,
+    epoch_end,
+    position_after,
+    rank_batches,
+    single_rank_items,
+    worker_batches,
+)
 from samplecache.reading.options import SplitOptions
 from samplecache.reading.order import EpochOrder
 from samplecache.reading.partition import row_order, shard_order
@@ -142,6 +150,34 @@ def test_the_split_depends_on_nothing_else(rows, world, workers, unit, pack, see
     a = rank_batches_seen(plan_of(rows, seed, epoch), split, world, workers, unit, pack)
     b = rank_batches_seen(plan_of(rows, seed, epoch), split, world, workers, unit, pack)
     assert a == b
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=shard_rows, start=st.integers(0, 100), partial=st.sampled_from(PARTIAL), **topo, **order_args)
+def test_a_stream_reads_runs_and_scattered_positions_alike(rows, start, partial, world, workers, unit, pack, seed,
+                                                          epoch, shuffle, window) -> None:
+    plan = plan_of(rows, seed, epoch)
+    split = SplitOptions(shuffle, seed, partial, window)
+    for rank, w in ((0, 0), (world - 1, workers - 1)):
+        pos = Position(rank, world, rank, world, w, workers)
+        runs = [np.concatenate(x) for x in zip(*stream_for(plan, split, pos, start, unit, pack).chunks(chunk=64))]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(stream_module, "FEW_RANGES", 0)  # every chunk through the vectorised path
+            one = [np.concatenate(x) for x in zip(*stream_for(plan, split, pos, start, unit, pack).chunks(chunk=64))]
+        assert all(np.array_equal(a, b) for a, b in zip(runs, one))
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.integers(0, 50), n=st.integers(0, 200), unit=st.integers(1, 9), workers=st.integers(1, 4),
+       pack=st.integers(1, 5))
+def test_a_single_ranks_items_are_its_dealt_batches_in_runs(start, n, unit, workers, pack) -> None:
+    def expand(ranges: np.ndarray) -> list[int]:
+        return [g for a, b in ranges.tolist() for g in range(a, b)]
+
+    batches = rank_batches(start, start + n, 0, 1, unit)
+    for w in range(workers):
+        assert expand(single_rank_items(start, start + n, unit, w, workers, pack)) == \
+            expand(worker_batches(batches, unit, w, workers, pack))
 
 
 def test_no_shuffle_is_the_manifest_order_dealt_by_batch() -> None:

@@ -24,6 +24,7 @@ from paths import SCRIPTS
 
 from samplecache import SampleCacheDataset  # noqa: E402
 from samplecache.api.client import fetch_manifest  # noqa: E402
+from samplecache.core import loose_run  # noqa: E402
 from samplecache.format.manifest import unpack_shard_table  # noqa: E402
 from samplecache.reading.deal import epoch_end, rank_batches, worker_batches  # noqa: E402
 
@@ -92,14 +93,16 @@ def global_sequence(url: str, epoch: int, shuffle: bool = True, seed: int = SEED
     return [int(s["id"]) for s in ds]
 
 
-def dealt(seq: list[int], unit: int, partial: str = "pad") -> list[list[int]]:
+def dealt(url: str, epoch: int, seq: list[int], unit: int, partial: str = "pad") -> list[list[int]]:
     """What each (rank, worker) reads of the global sequence ``seq``, rank-major: batches of ``unit`` dealt in
-    rank order step by step, each rank's batches round-robin over its workers (``samplecache.reading.deal``)."""
+    rank order step by step, each rank's batches round-robin over its workers (``samplecache.reading.deal``); a
+    per-sample dataset (``unit`` 1: a plain DataLoader's batch size is unknown) deals runs (``loose_run``)."""
+    pack = loose_run(SampleCacheDataset(url, columns=["id"]).plan(epoch)) if unit == 1 else 1
     out = []
     for r in range(WORLD):
         batches = rank_batches(0, epoch_end(len(seq), 0, WORLD, partial), r, WORLD, unit)
         for w in range(WORKERS):
-            out.append([seq[g % len(seq)] for a, z in worker_batches(batches, unit, w, WORKERS).tolist()
+            out.append([seq[g % len(seq)] for a, z in worker_batches(batches, unit, w, WORKERS, pack).tolist()
                         for g in range(a, z)])
     return out
 
@@ -148,7 +151,7 @@ def test_pad_delivers_every_sample_once_plus_fewer_than_world_padding_repeats(ca
         # ranks x workers take that one sequence batch by batch (per sample in a plain DataLoader: the dataset
         # does not know its batch size)
         parts = [per_worker(r, epoch)[w] for r in res for w in range(WORKERS)]
-        assert parts == dealt(glob, B if res[0]["config"]["batched"] else 1)
+        assert parts == dealt(cached.url, epoch, glob, B if res[0]["config"]["batched"] else 1)
 
 
 @pytest.mark.parametrize("name", ["drop", "batched_drop"])
@@ -221,7 +224,7 @@ def test_shuffle_false_reads_in_manifest_order(cached: Any, runs: dict[str, Any]
         f"rank 0 worker 0 should start with row 0 of shard {first_shard[0]} (id {expected[0]})")
     check_equal_ranks(res, 0)
     parts = [per_worker(r, 0)[w] for r in res for w in range(WORKERS)]
-    assert parts == dealt(expected, 1)
+    assert parts == dealt(cached.url, 0, expected, 1)
     for r in res:  # within a worker, rows come in order
         for w, ids in per_worker(r, 0).items():
             pos = [expected.index(i) for i in ids]

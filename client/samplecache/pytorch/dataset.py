@@ -200,7 +200,7 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         ahead = self.batch.prefetch if info is None else 0  # workers are ahead already
         batch = replace(self.batch, prefetch=ahead, copy_threads=self._threads())
         items = self.reader.iterate(epoch, pos, start, batch, unit=self._pack() * (self.batch.batch_size or 1),
-                                    gather=self._gather, deal=self.deal_unit())
+                                    gather=self._gather, deal=self.batch.batch_size or self.loader_batch)
         try:
             for n, (_, item) in enumerate(items, 1):
                 self._position = (epoch, start, n)

@@ -58,9 +58,24 @@ def worker_batches(batches: np.ndarray, unit: int, worker: int, workers: int, pa
     return mine
 
 
+def single_rank_items(start: int, end: int, unit: int, worker: int, workers: int, pack: int = 1) -> np.ndarray:
+    """``worker_batches(rank_batches(start, end, 0, 1, unit), unit, worker, workers, pack)`` with one range per
+    item: a single rank's batches follow each other, so an item is one run (arrays per item, not per batch)."""
+    if not 0 <= worker < workers:
+        raise ValueError(f"worker {worker} is not in [0, {workers})")
+    n = max(0, end - start)
+    whole = n // unit
+    items = -(-whole // pack)
+    a = start + np.arange(worker, items, workers, dtype=np.int64) * pack * unit
+    out = np.stack([a, np.minimum(a + pack * unit, start + whole * unit)], axis=1)
+    if n > whole * unit and items % workers == worker:  # the short batch: an item of its own, next in turn
+        out = np.concatenate([out, np.array([[start + whole * unit, end]], np.int64)])
+    return out
+
+
 def position_after(start: int, end: int, world: int, unit: int, batches: int) -> int:
     """The position once every rank took ``batches`` batches from ``start`` (ranks step in lockstep)."""
     return min(end, start + int(batches) * world * unit)
 
 
-__all__ = ["PARTIAL", "epoch_end", "rank_batches", "worker_batches", "position_after"]
+__all__ = ["PARTIAL", "epoch_end", "rank_batches", "worker_batches", "single_rank_items", "position_after"]

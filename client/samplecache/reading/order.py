@@ -8,6 +8,7 @@ index): a sample moves by less than one window. Positions past the end wrap (pad
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 
 import numpy as np
@@ -15,6 +16,14 @@ import numpy as np
 from samplecache.reading.partition import row_order, shard_order
 
 CACHED_ORDERS = 256  # shard row orders (and windows) kept: readers sweep the order, so recent ones are reused
+
+
+def joined(runs: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(manifest index, row) arrays of (index, rows) runs."""
+    if not runs:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rows = np.concatenate([r for _, r in runs]).astype(np.int64, copy=False)
+    return np.repeat(np.array([i for i, _ in runs], np.int64), [len(r) for _, r in runs]), rows
 
 
 class EpochOrder:
@@ -29,6 +38,8 @@ class EpochOrder:
         self.ordered = rows[self.order].astype(np.int64, copy=False)
         self.ends = np.cumsum(self.ordered)
         self.total = int(self.ends[-1]) if len(self.ends) else 0
+        # the same as Python ints, for the per-run walk (bisect on a list beats a numpy call per run)
+        self._ends, self._sizes, self._indices = self.ends.tolist(), self.ordered.tolist(), self.order.tolist()
         self._rows: OrderedDict[int, np.ndarray] = OrderedDict()
         self._windows: OrderedDict[int, np.ndarray] = OrderedDict()
 
@@ -62,6 +73,27 @@ class EpochOrder:
             out[sel] = i * w + perm[g[sel] - i * w]
         return out
 
+    def runs(self, a: int, b: int, out: list[tuple[int, np.ndarray]]) -> None:
+        """Append the positions [a, b) to ``out`` as (manifest index, rows) runs, shard by shard (no per-position
+        search): the common case, a batch or a run of batches of neighbouring positions. No window shuffle."""
+        pos = a
+        while pos < b:
+            g = pos % self.total
+            k = bisect_right(self._ends, g)
+            lo = g - (self._ends[k] - self._sizes[k])
+            take = min(self._sizes[k] - lo, b - pos)
+            index = self._indices[k]
+            out.append((index, self._row_order(index)[lo:lo + take] if self.shuffle else np.arange(lo, lo + take)))
+            pos += take
+
+    def span(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(manifest index, row) of the positions [a, b)."""
+        if self.window or self.total == 0:
+            return self.positions(np.arange(a, b, dtype=np.int64))
+        got: list[tuple[int, np.ndarray]] = []
+        self.runs(a, b, got)
+        return joined(got)
+
     def positions(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(manifest index, row) arrays of global positions ``g`` (int64; past the end: wrapped)."""
         if self.total == 0 or len(g) == 0:
@@ -86,4 +118,4 @@ class EpochOrder:
         return idx, rows
 
 
-__all__ = ["EpochOrder"]
+__all__ = ["EpochOrder", "joined"]

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from samplecache.reading.deal import PARTIAL  # noqa: F401 (re-exported: where options look it up)
-
 
 def _rng(seed: int, epoch: int, *extra: int) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFFFFFF, epoch, *extra])

@@ -12,9 +12,10 @@ from typing import Iterator
 
 import numpy as np
 
-from samplecache.reading.order import EpochOrder
+from samplecache.reading.order import EpochOrder, joined
 
 DEFAULT_CHUNK = 4096
+FEW_RANGES = 32  # a chunk over fewer ranges reads each as a run; more (single samples dealt apart): vectorised
 
 
 class Stream:
@@ -38,6 +39,18 @@ class Stream:
 
     def _positions(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(manifest index, row) of stream positions [start, stop)."""
+        if stop <= start:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        first, last = np.searchsorted(self.ends, [start, stop - 1], side="right").tolist()
+        if last - first < FEW_RANGES and not self.order.window and self.order.total:
+            # a few ranges (batches of neighbouring positions): each read shard by shard, as contiguous runs
+            got: list[tuple[int, np.ndarray]] = []
+            near = slice(first, last + 1)
+            for base, length, end in zip(self.starts[near].tolist(), self.lengths[near].tolist(),
+                                         self.ends[near].tolist()):
+                begin = end - length
+                self.order.runs(base + max(start, begin) - begin, base + min(stop, end) - begin, got)
+            return joined(got)
         s = np.arange(start, stop, dtype=np.int64)
         k = np.searchsorted(self.ends, s, side="right")
         return self.order.positions(self.starts[k] + s - (self.ends[k] - self.lengths[k]))
