@@ -201,11 +201,11 @@ class EpochManager:
         self._mark_fresh(epoch)
 
     def _mark_fresh(self, epoch: int) -> None:
-        """``epoch`` is pinned until its first lease, for PIN_GRACE_S at most (pinned_epochs)."""
+        """``epoch`` is pinned until its first lease, for PIN_GRACE_S at most (pinned_epochs). Only the newest such
+        epoch: an older one a job mapped is pinned by the mapping (jobs.recently_mapped), and a run of epochs sealed
+        with no reader must not all be kept past --epochs-kept."""
         with self._unread_lock:
-            now = time.monotonic()
-            self._fresh = {e: t for e, t in self._fresh.items() if now - t < PIN_GRACE_S}
-            self._fresh[epoch] = now
+            self._fresh = {epoch: time.monotonic()}
 
     def read_started(self, epoch: int) -> None:
         """A reader leased ``epoch``: its grant is spent on a reader, and its lease pins it from now on."""
