@@ -23,6 +23,7 @@ from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.planner import Pick, Planner, Slot, Unit, build_units, unit_current
 from samplecache_service.remote.stores import ErrorKind, RemoteError, classify_error
 from samplecache_service.sampling.backoff import Backoff
+from samplecache_service.sampling.failures import CORRUPT_CONFIRMATIONS, MAX_UNIT_ATTEMPTS, UnitFailures
 from samplecache_service.sampling.inbox import Inbox
 from samplecache_service.sampling.sampler import SampleResult, SampleTask
 from samplecache_service.sampling.traffic import Traffic
@@ -35,8 +36,6 @@ from samplecache_service.store.writer import DamagedShard, NoRoom, Writer
 
 log = logging.getLogger("samplecache.daemon")
 
-MAX_UNIT_ATTEMPTS = 8     # failures in a row before a unit is given up for this pass (tried again next pass)
-CORRUPT_CONFIRMATIONS = 2  # unparsable bytes twice in a row (a fresh read each time) before a file is quarantined
 # what follows a failed first listing: a fresh cache needs a readable source, so the daemon does not start
 AT_START_FAILED = "the daemon does not start: serve exits 1"
 T = TypeVar("T")
@@ -75,21 +74,13 @@ class Scheduler:
         self.last_error: str | None = None
         self.remote_errors = 0
         self.evicted_shards = 0
-        self.unit_failures: collections.Counter[str] = collections.Counter()  # by kind: unreachable | transient | ...
         self.quarantined_units = 0  # this node's units in quarantined files (or stale: their file was re-planned)
         self.removed_units = 0  # this node's units in files no longer live in their table (never sampled again)
-        self.units_given_up = 0  # units that failed MAX_UNIT_ATTEMPTS times in a row (retried the next pass)
-        self.given_up: set[tuple[str, int]] = set()  # those not sampled since: coverage leaves them out
+        self.failures = UnitFailures()
         self._skips = 0
         self._files_seen = -1
         # (files version, units here) -> quarantined files with no units here, and files with units here
         self._unread: tuple[tuple[int, int], list[str], int] = ((-1, -1), [], 0)
-        self._attempts: dict[tuple[str, int], int] = collections.defaultdict(int)  # failures in a row per unit
-        self._corrupt: dict[tuple[str, int], int] = collections.defaultdict(int)  # unparsable reads in a row per unit
-        # units with a part that failed to ingest, while others are resident: sampled again (resident parts are
-        # skipped by their keys) until every part is in; never "resident" to _settled meanwhile
-        self._incomplete: set[tuple[str, int]] = set()
-        self._part_failed: set[str] = set()  # task keys of this round whose part failed: not done with the last
         self._deferred: Backoff[Pick | Slot] = Backoff(self.clock)  # units waiting out their backoff
         self._backoff_until = self._held_retry_at = self._next_discovery = 0.0
         self._retrying = 0  # held results re-submitted and not answered yet
@@ -97,6 +88,19 @@ class Scheduler:
         self._held: collections.deque[SampleResult] = collections.deque()  # staged, waiting for room
         self.ingests: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=4096)
         self.inbox = Inbox()  # results, ingest completions and control requests, run on this thread
+
+    @property
+    def unit_failures(self) -> collections.Counter[str]:
+        """Failed units by kind (status, metrics)."""
+        return self.failures.by_kind
+
+    @property
+    def units_given_up(self) -> int:
+        return self.failures.units_given_up
+
+    @property
+    def given_up(self) -> set[tuple[str, int]]:
+        return self.failures.given_up
 
     def schema(self) -> Any:
         return self.discovery.schema if self.discovery else None
@@ -117,7 +121,7 @@ class Scheduler:
         if self.planner is None:
             return None
         files = self.catalog.files()
-        given_up = set(self.given_up)
+        given_up = set(self.failures.given_up)
         cov = self.planner.coverage(lambda u: u.path in files and files[u.path].quarantined
                                     or (u.path, u.row_group) in given_up,
                                     hash((self.catalog.files_version, frozenset(given_up))),
@@ -253,8 +257,8 @@ class Scheduler:
         info = self.catalog.file(unit.path)
         if info.quarantined or info.removed or not unit_current(unit, info):
             return True
-        return self.catalog.unit_resident(unit.path, unit.row_group) and (unit.path, unit.row_group) not in \
-            self._incomplete
+        return self.catalog.unit_resident(unit.path, unit.row_group) and \
+            not self.failures.incomplete((unit.path, unit.row_group))
 
     def _fill(self) -> None:
         assert self.planner is not None
@@ -321,14 +325,12 @@ class Scheduler:
     def _defer(self, pick: Pick | Slot, unit_key: tuple[str, int], first: float | None = None) -> float:
         """Try ``pick`` again after an exponential backoff with jitter; returns the delay."""
         base = self.settings.retry_seconds if first is None else first
-        return self._deferred.defer(pick, self._attempts[unit_key], base)
+        return self._deferred.defer(pick, self.failures.attempts(unit_key), base)
 
     def _give_up(self, pick: Pick | Slot, unit_key: tuple[str, int], kind: str) -> None:
         """Stop retrying a unit for this pass (the next pass tries it again): one unit that always fails must
         not hold up the cycle. Its file is not quarantined: nothing says its bytes are bad."""
-        self._attempts.pop(unit_key, None)
-        self.units_given_up += 1
-        self.given_up.add(unit_key)
+        self.failures.give_up(unit_key)
         log.error("giving up on %s row group %d for this pass after %d failed attempts (the next pass tries it "
                   "again): %s", unit_key[0], unit_key[1], MAX_UNIT_ATTEMPTS, self.last_error,
                   extra={"event": "unit_given_up", "path": unit_key[0], "unit": unit_key[1], "error_class": kind})
@@ -349,11 +351,7 @@ class Scheduler:
         self.traffic.returned(r)
         t = r.task
         if r.ok:
-            if (t.path, t.row_group) not in self._incomplete:  # else its failed ingests still count
-                self._attempts.pop((t.path, t.row_group), None)
-            self._corrupt.pop((t.path, t.row_group), None)
-            self.given_up.discard((t.path, t.row_group))
-            self._part_failed.discard(t.key)  # a new round of its parts
+            self.failures.sampled((t.path, t.row_group), t.key)
             parts = r.parts or ([(r.staged, r.bytes)] if r.staged else [])
             for k, (staged, size) in enumerate(parts):
                 self._ingest(dataclasses.replace(r, staged=staged, bytes=size, parts=[],
@@ -364,7 +362,7 @@ class Scheduler:
         pick = Slot(t.cycle, t.unit)
         kind = r.error_kind or ErrorKind.TRANSIENT
         self.remote_errors += 1
-        self.unit_failures[kind] += 1
+        self.failures.by_kind[kind] += 1
         self.last_error = f"{t.path} row group {t.row_group}: {r.error}"
         failed = {"event": "sample_failed", "path": t.path, "unit": t.row_group, "error_class": kind}
         assert self.planner is not None
@@ -374,8 +372,7 @@ class Scheduler:
             return
         unit_key = (t.path, t.row_group)
         if kind in (ErrorKind.DISK, ErrorKind.UNREACHABLE):
-            # not a read of the file's bytes: it breaks a run of unparsable reads (CORRUPT_CONFIRMATIONS in a row)
-            self._corrupt.pop(unit_key, None)
+            self.failures.not_a_read(unit_key)
         if kind == ErrorKind.DISK:
             self._disk_full(r.error or "no space left", "while staging a shard")
             self.planner.retry(pick)
@@ -388,26 +385,23 @@ class Scheduler:
         # replaced since it was listed: list it again now; the unit is retried as transient
         if kind == ErrorKind.CHANGED:
             self.discover_soon()
-        self._attempts[unit_key] += 1
-        if kind == ErrorKind.CORRUPT:
-            self._corrupt[unit_key] += 1
-            if self._corrupt[unit_key] >= CORRUPT_CONFIRMATIONS:
-                self._corrupt.pop(unit_key, None)
-                self._attempts.pop(unit_key, None)
-                self.quarantine(t.path, r.error or "unparsable", kind=ErrorKind.CORRUPT)
-                self._finish(pick)
-                return
+        unparsable = self.failures.failed_read(unit_key, kind == ErrorKind.CORRUPT)
+        if unparsable >= CORRUPT_CONFIRMATIONS:
+            self.failures.quarantined(unit_key)
+            self.quarantine(t.path, r.error or "unparsable", kind=ErrorKind.CORRUPT)
+            self._finish(pick)
+            return
+        if unparsable:
             # confirm with a fresh read soon: the wait counts the unparsable reads, not earlier transient failures
-            delay = self._deferred.defer(pick, self._corrupt[unit_key], 1.0)
+            delay = self._deferred.defer(pick, unparsable, 1.0)
             log.warning("sampling failed (unparsable bytes; read again in %.1fs to confirm): %s", delay,
                         self.last_error, extra=failed)
             return
-        self._corrupt.pop(unit_key, None)
-        if self._attempts[unit_key] >= MAX_UNIT_ATTEMPTS:
+        if self.failures.exhausted(unit_key):
             self._give_up(pick, unit_key, kind)
             return
         delay = self._defer(pick, unit_key)
-        log.warning("sampling failed (%s, attempt %d; again in %.1fs): %s", kind, self._attempts[unit_key],
+        log.warning("sampling failed (%s, attempt %d; again in %.1fs): %s", kind, self.failures.attempts(unit_key),
                     delay, self.last_error, extra=failed)
 
     def _ingest(self, r: SampleResult, retry: bool = False) -> None:
@@ -448,24 +442,15 @@ class Scheduler:
                                                     "unit": r.task.row_group, "error_class": ErrorKind.INGEST})
             if r.staged:  # the unit is sampled again
                 drop_failed(Path(r.staged), damaged=isinstance(exc, DamagedShard))
-            self.unit_failures[ErrorKind.INGEST] += 1
-            self._incomplete.add(unit_key)
-            if r.task.key in self._part_failed:
+            if not self.failures.ingest_failed(unit_key, r.task.key, ErrorKind.INGEST):
                 return  # another part of this round failed before: the unit is retried once
-            self._part_failed.add(r.task.key)
-            self._attempts[unit_key] += 1
-            if self._attempts[unit_key] >= MAX_UNIT_ATTEMPTS:
+            if self.failures.exhausted(unit_key):
                 self._give_up(Slot(r.task.cycle, r.task.unit), unit_key, ErrorKind.INGEST)
             else:
                 self._defer(Slot(r.task.cycle, r.task.unit), unit_key)
             return
-        if r.final:
-            if r.task.key in self._part_failed:
-                self._part_failed.discard(r.task.key)  # an earlier part failed: its retry samples the unit again
-            else:
-                self._incomplete.discard(unit_key)
-                self._attempts.pop(unit_key, None)
-                self.planner.done(r.task.cycle, r.task.unit)
+        if r.final and self.failures.all_parts_in(unit_key, r.task.key):
+            self.planner.done(r.task.cycle, r.task.unit)
         self._space_back()
         done = fut.result()
         self.evicted_shards += len(done.evicted)
