@@ -755,7 +755,8 @@ def test_the_confirming_read_waits_about_a_second_after_earlier_transient_failur
         rig.turn()
     rig.fail("corrupt")
     rig.turn()
-    wait_and_resubmit(rig, 1.0)
+    assert rig.sched.unit_failures["transient"] == 4 and rig.sched.unit_failures["corrupt"] == 1
+    wait_and_resubmit(rig, 1.0)  # about 1 s, not 2^4 s
 
 
 def test_empty_unit_is_done_without_a_shard(tmp_path: Path) -> None:
