@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
-from samplecache_service.remote.stores import FsspecRemote, RemoteError, TableRefused, s3_endpoint
+from samplecache_service.remote.livetable import LiveTable
+from samplecache_service.remote.stores import FsspecRemote, RemoteError, TableRefused
 
 DELTA_LOG = "_delta_log"
 # reader features whose tables delta-rs lists correctly and whose files read as plain Parquet
@@ -36,25 +37,16 @@ def delta_options(storage_options: Mapping[str, Any], endpoint: str | None) -> d
     return out
 
 
-class DeltaLog:
+class DeltaLog(LiveTable):
     """A Delta Lake table's log: its live files at the current version (or ``version``) and their partition
     values, read again at every listing."""
 
     format = "delta"
 
     def __init__(self, remote: FsspecRemote, version: int | None = None, as_of: datetime | None = None) -> None:
-        self.url, self.root = remote.url, remote.root.rstrip("/")
-        self.pinned_version, self.as_of = version, as_of
-        self.version: int | None = None  # the version of the last listing
-        self.rows = 0  # rows of the live files, as the log says
-        self.seen_at: float | None = None  # when that version was read
-        self.partition_schema: pa.Schema | None = None  # the table's partition columns, typed as its schema says
-        self.parts: dict[str, dict[str, str | None]] = {}
-        protocol = getattr(remote.fs, "protocol", "file")
-        scheme = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
-        self.table_uri = self.root if scheme in ("file", "local") else f"{scheme}://{self.root}"
-        endpoint = s3_endpoint(remote.fs) if scheme in ("s3", "s3a") else None
-        self.options = delta_options(remote.storage_options, endpoint)
+        super().__init__(remote, version, as_of)
+        self.table_uri = self.root if self.scheme in ("file", "local") else f"{self.scheme}://{self.root}"
+        self.options = delta_options(remote.storage_options, self.endpoint)
 
     def _table(self) -> Any:
         from deltalake import DeltaTable
@@ -91,16 +83,6 @@ class DeltaLog:
         if not paths:
             raise RemoteError(f"the Delta table {self.url!r} has no data file at version {self.version}")
         return sorted(paths)
-
-    def partitions(self, path: str) -> dict[str, str | None]:
-        """The file's partition values as the log gives them (never read from its path)."""
-        return dict(self.parts.get(path, {}))
-
-    def info(self) -> dict[str, Any]:
-        """What /v1/status shows of the table: its format, version, live files and rows, when it was read."""
-        pinned = self.pinned_version is not None or self.as_of is not None
-        return {"format": self.format, "version": self.version, "pinned": pinned, "files": len(self.parts),
-                "rows": self.rows, "seen_at": self.seen_at}
 
 
 def refuse_unsupported(dt: Any, url: str) -> None:

@@ -10,9 +10,8 @@ import time
 from datetime import datetime
 from typing import Any, Mapping
 
-import pyarrow as pa
-
-from samplecache_service.remote.stores import FsspecRemote, RemoteError, TableRefused, s3_endpoint
+from samplecache_service.remote.livetable import LiveTable
+from samplecache_service.remote.stores import FsspecRemote, RemoteError, TableRefused
 
 METADATA_DIR = "metadata"
 # 00003-<uuid>.metadata.json (a catalog's tables) or v3.metadata.json (a Hadoop table): the number orders them
@@ -44,23 +43,15 @@ def iceberg_properties(storage_options: Mapping[str, Any], endpoint: str | None)
     return out
 
 
-class IcebergMetadata:
-    """An Iceberg table read from its newest metadata file (or a pinned snapshot id)."""
+class IcebergMetadata(LiveTable):
+    """An Iceberg table read from its newest metadata file (or a pinned snapshot id; its version is the snapshot
+    id). Identity partition columns are in the files themselves: no partition schema."""
 
     format = "iceberg"
 
     def __init__(self, remote: FsspecRemote, snapshot: int | None = None, as_of: datetime | None = None) -> None:
-        self.url, self.root = remote.url, remote.root.rstrip("/")
-        self.pinned_version, self.as_of = snapshot, as_of
-        self.version: int | None = None  # the snapshot id of the last listing
-        self.rows = 0
-        self.seen_at: float | None = None
-        self.partition_schema: pa.Schema | None = None  # identity partition columns are in the files themselves
-        self.parts: dict[str, dict[str, str | None]] = {}
-        protocol = getattr(remote.fs, "protocol", "file")
-        self.scheme = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
-        endpoint = s3_endpoint(remote.fs) if self.scheme in ("s3", "s3a") else None
-        self.properties = iceberg_properties(remote.storage_options, endpoint)
+        super().__init__(remote, snapshot, as_of)
+        self.properties = iceberg_properties(remote.storage_options, self.endpoint)
 
     def _uri(self, path: str) -> str:
         return f"file://{path}" if self.scheme in ("file", "local") else f"{self.scheme}://{path}"
@@ -121,15 +112,6 @@ class IcebergMetadata:
         if not paths:
             raise RemoteError(f"the Iceberg table {self.url!r} has no data file in snapshot {self.version}")
         return sorted(paths)
-
-    def partitions(self, path: str) -> dict[str, str | None]:
-        """The file's identity partition values as its manifest gives them."""
-        return dict(self.parts.get(path, {}))
-
-    def info(self) -> dict[str, Any]:
-        pinned = self.pinned_version is not None or self.as_of is not None
-        return {"format": self.format, "version": self.version, "pinned": pinned, "files": len(self.parts),
-                "rows": self.rows, "seen_at": self.seen_at}
 
 
 def refuse_evolved(table: Any, url: str) -> None:
