@@ -36,13 +36,23 @@ batches.close()
 
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
-    """A dir any user may pass through (pytest's temp root is 0700); removed at the end."""
+    """A dir any user may pass through, removed at the end. The temp dirs above it may be 0700 (pytest's root,
+    scripts/test.sh's private TMPDIR): those get g+x and o+x for the test (the reader is in their group, and a
+    group that matches is all Unix checks), and their modes back after it."""
     d = Path(tempfile.mkdtemp(prefix="samplecache-group-"))
     os.chmod(d, 0o711)
+    opened: list[tuple[Path, int]] = []
+    for parent in d.parents:
+        mode = stat.S_IMODE(parent.stat().st_mode)
+        if mode & (stat.S_IXGRP | stat.S_IXOTH) != stat.S_IXGRP | stat.S_IXOTH:
+            opened.append((parent, mode))
+            os.chmod(parent, mode | stat.S_IXGRP | stat.S_IXOTH)
     try:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+        for parent, mode in reversed(opened):
+            os.chmod(parent, mode)
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask022", "umask077"])
