@@ -50,9 +50,9 @@ def train(epochs: int) -> int:
 
     history = train_demo(URL, epochs=epochs, workers=2, min_samples=2000)
     final = history[-1]
-    print(f"train: epoch sample {history[0]['epoch_samples']} -> {final['epoch_samples']}, "
-          f"validation accuracy {final['val_acc']:.3f}", flush=True)
-    return 0 if final["val_acc"] > 0.7 else 1
+    print(f"train: epoch sample {history[0].samples} -> {final.samples}, "
+          f"validation accuracy {final.val_acc:.3f}", flush=True)
+    return 0 if final.val_acc > 0.7 else 1
 
 
 if __name__ == "__main__":
