@@ -11,8 +11,10 @@ from correctly delivered (features, label) pairs, while leaving room for run-to-
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -107,10 +109,22 @@ def samplecache_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "samplecache_service"]
 
 
-def test_samplecache_demo_command_fills_then_rolls_and_keeps_its_log_and_chart(tmp_path: Path) -> None:
-    """``samplecache demo`` as scripts/demo.sh runs it (no --workdir: a temp dir, here under tmp_path): a budget of
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temp dir with a short path, removed at the end: the demo's DataLoader workers make AF_UNIX sockets under
+    TMPDIR, whose paths may not pass 107 bytes (pytest's tmp_path under scripts/test.sh's TMPDIR is too deep)."""
+    d = Path(tempfile.mkdtemp(prefix="d"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_samplecache_demo_command_fills_then_rolls_and_keeps_its_log_and_chart(short_tmp: Path) -> None:
+    """``samplecache demo`` as scripts/demo.sh runs it (no --workdir: a temp dir, here under short_tmp): a budget of
     a third of the dataset fills, then rolls under the daemon's default settings; each epoch's line says what came
     and went; the temp dir keeps the daemon's log and the chart, named in the output, and nothing else."""
+    tmp_path = short_tmp
     proc = subprocess.run([*samplecache_command(), "demo", "--epochs", "5"], capture_output=True, text=True,
                           timeout=240, env=cc.child_env({"TMPDIR": str(tmp_path)}))
     out = proc.stdout
