@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,17 +16,7 @@ from samplecache_service.http.models import FilesListed
 from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.stores import FsspecRemote, RemoteError
 from samplecache_service.store.catalog import Catalog
-from samplecache_service.store.writer import Writer, open_env
-
-
-@pytest.fixture()
-def cache(tmp_path: Path) -> Iterator[tuple[Catalog, Writer]]:
-    env, dbs = open_env(tmp_path / "lmdb", 64 << 20)
-    catalog = Catalog(env, dbs)
-    writer = Writer(env, dbs, catalog)
-    yield catalog, writer
-    writer.close()
-    env.close()
+from samplecache_service.store.writer import Writer
 
 
 def _source(tmp_path: Path, parquet: int, others: list[str]) -> Path:

@@ -5,7 +5,6 @@ compared as their column's type, null as SQL treats it; a bad filter or one nami
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,19 +15,9 @@ from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.filters import FilterError, parse_filter
 from samplecache_service.remote.stores import FsspecRemote, RemoteError
 from samplecache_service.store.catalog import Catalog
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.writer import Writer
 
 TYPES = {"lang": pa.string(), "year": pa.int32(), "day": pa.date32()}
-
-
-@pytest.fixture()
-def cache(tmp_path: Path) -> Iterator[tuple[Catalog, Writer]]:
-    env, dbs = open_env(tmp_path / "lmdb", 64 << 20)
-    catalog = Catalog(env, dbs)
-    writer = Writer(env, dbs, catalog)
-    yield catalog, writer
-    writer.close()
-    env.close()
 
 
 @pytest.mark.parametrize("text, values, want", [

@@ -10,30 +10,20 @@ import importlib.util
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from lake_tables import iceberg_catalog
-from test_tables import served
+from staged_rows import served
 
 from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.iceberg import metadata_files
 from samplecache_service.remote.stores import FsspecRemote, RemoteError
 from samplecache_service.store.catalog import Catalog
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.writer import Writer
 
 pytest.importorskip("pyiceberg")
-
-
-@pytest.fixture()
-def cache(tmp_path: Path) -> Iterator[tuple[Catalog, Writer]]:
-    env, dbs = open_env(tmp_path / "lmdb", 64 << 20)
-    catalog = Catalog(env, dbs)
-    writer = Writer(env, dbs, catalog)
-    yield catalog, writer
-    writer.close()
-    env.close()
 
 
 def rows(start: int, n: int, langs: list[str]) -> pa.Table:

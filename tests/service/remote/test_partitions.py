@@ -5,36 +5,22 @@ row; URL-encoded values and ``__HIVE_DEFAULT_PARTITION__`` (null) as Spark write
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from staged_rows import served
 
-from samplecache.format.record import decode_rows
 from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.partitions import HIVE_NULL, base_dir, hive_values, infer_type
-from samplecache_service.remote.planner import build_units
 from samplecache_service.remote.stores import FsspecRemote
-from samplecache_service.sampling.sampler import SampleTask, run_task
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.fileinfo import FileInfo
-from samplecache_service.store.staging import read_staged
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.writer import Writer
 
 # Spark's folders: nested keys, a URL-encoded value ('d/e f' with '/' and ':' escaped), a null, an int beyond int32
 FOLDERS = ["lang=en/n=1/big=3000000000", "lang=d%2Fe%3Af/n=__HIVE_DEFAULT_PARTITION__/big=1", "lang=fr/n=-7/big=2"]
-
-
-@pytest.fixture()
-def cache(tmp_path: Path) -> Iterator[tuple[Catalog, Writer]]:
-    env, dbs = open_env(tmp_path / "lmdb", 64 << 20)
-    catalog = Catalog(env, dbs)
-    writer = Writer(env, dbs, catalog)
-    yield catalog, writer
-    writer.close()
-    env.close()
 
 
 def _table(tmp_path: Path) -> Path:
@@ -44,30 +30,6 @@ def _table(tmp_path: Path) -> Path:
         pq.write_table(pa.table({"id": pa.array([10 * k, 10 * k + 1], pa.int64())}), src / folder / "part-0.parquet")
     (src / "_SUCCESS").write_text("")
     return src
-
-
-def _served(disc: Discovery, catalog: Catalog, tmp_path: Path) -> list[dict[str, Any]]:
-    """Every row of every unit, as a sampler stages it and a reader decodes it."""
-    assert disc.schema is not None
-    staging = tmp_path / "staging"
-    staging.mkdir(exist_ok=True)
-    files = catalog.files()
-    rows: list[dict[str, Any]] = []
-    for n, unit in enumerate(build_units(files)):
-        info = files[unit.path]
-        r = run_task(SampleTask(key=f"t{n}", source=disc.remote.url, storage_options={}, path=unit.path,
-                                row_group=unit.row_group, schema=disc.schema.to_json(), staging_dir=str(staging),
-                                block_bytes=1 << 20, arrow_schema=disc.target_text(), file_size=info.size or 0,
-                                footer_bytes=info.footer or 0, partitions=dict(info.partitions)))
-        assert r.ok, r.error
-        for staged_path, _ in r.parts:
-            staged = read_staged(Path(staged_path))
-            assert staged.header["partitions"] == info.partitions  # the unit's provenance names them
-            for block in staged.blocks:
-                rows.extend(decode_rows(block, disc.schema))
-            staged.close()
-            Path(staged_path).unlink()
-    return sorted(rows, key=lambda r: r["id"])
 
 
 def test_hive_values_decoded_as_spark_writes_them() -> None:
@@ -110,7 +72,7 @@ def test_partition_columns_are_served_with_every_row(tmp_path: Path, cache: tupl
     info = catalog.file(next(p for p in catalog.files() if "lang=fr" in p))
     assert info.partitions == {"lang": "fr", "n": "-7", "big": "2"}
     assert FileInfo.from_json(info.to_json()) == info
-    assert _served(disc, catalog, tmp_path) == sorted(expected.to_pylist(), key=lambda r: r["id"])
+    assert served(disc, catalog, tmp_path) == sorted(expected.to_pylist(), key=lambda r: r["id"])
 
 
 def test_a_pinned_schema_types_the_partition_columns(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
@@ -121,7 +83,7 @@ def test_a_pinned_schema_types_the_partition_columns(tmp_path: Path, cache: tupl
     disc = Discovery(FsspecRemote(f"file://{src}"), catalog, writer, None, schema_file=tmp_path / "schema.parquet")
     disc.run()
     assert disc.target is not None and disc.target.field("big").type == pa.int64()
-    rows = _served(disc, catalog, tmp_path)
+    rows = served(disc, catalog, tmp_path)
     assert [(r["lang"], r["n"], r["big"]) for r in rows[::2]] == [("en", 1, 3000000000), ("d/e:f", None, 1),
                                                                    ("fr", -7, 2)]
 
@@ -132,7 +94,7 @@ def test_columns_choose_among_partition_columns(tmp_path: Path, cache: tuple[Cat
     disc = Discovery(FsspecRemote(f"file://{src}"), catalog, writer, ["lang", "id"])
     disc.run()
     assert disc.schema is not None and disc.schema.names == ["lang", "id"]
-    assert [r["lang"] for r in _served(disc, catalog, tmp_path)] == ["en", "en", "d/e:f", "d/e:f", "fr", "fr"]
+    assert [r["lang"] for r in served(disc, catalog, tmp_path)] == ["en", "en", "d/e:f", "d/e:f", "fr", "fr"]
 
 
 def test_a_value_that_does_not_fit_the_column_quarantines_its_file(tmp_path: Path,

@@ -5,7 +5,6 @@ of both (a file:// source: unit tests; the same through a real daemon on S3 is i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,7 +22,7 @@ from samplecache_service.remote.schemas import (
 )
 from samplecache_service.remote.stores import FsspecRemote, RemoteError
 from samplecache_service.store.catalog import Catalog
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.writer import Writer
 
 PINNED = pa.schema([pa.field("id", pa.int64()), pa.field("x", pa.float64()), pa.field("t", pa.string()),
                     pa.field("ts", pa.timestamp("us", tz="UTC"))])
@@ -135,18 +134,6 @@ def test_a_file_that_does_not_fit_is_refused_naming_the_column_and_both_types(na
 
 
 # --------------------------------------------------------------------------------------------- discovery
-@pytest.fixture
-def cache(tmp_path: Path) -> Iterator[tuple[Catalog, Writer]]:
-    env, dbs = open_env(tmp_path / "lmdb", 1 << 28)
-    catalog = Catalog(env, dbs)
-    writer = Writer(env, dbs, catalog)
-    try:
-        yield catalog, writer
-    finally:
-        writer.close()
-        env.close()
-
-
 def source_dir(tmp_path: Path) -> Path:
     src = tmp_path / "src"
     src.mkdir()

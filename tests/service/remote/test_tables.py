@@ -10,35 +10,22 @@ import importlib.util
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from lake_tables import delete_delta, live_rows, optimize_delta, write_delta
+from staged_rows import served
 
-from samplecache.format.record import decode_rows
 from samplecache_service.cli import format_status
 from samplecache_service.http.models import TableStatus
 from samplecache_service.remote.delta import delta_options
 from samplecache_service.remote.discovery import Discovery
-from samplecache_service.remote.planner import build_units
 from samplecache_service.remote.stores import FsspecRemote, RemoteError, TableRefused
-from samplecache_service.sampling.sampler import SampleTask, run_task
 from samplecache_service.store.catalog import Catalog
-from samplecache_service.store.staging import read_staged
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.writer import Writer
 
 pytest.importorskip("deltalake")
-
-
-@pytest.fixture()
-def cache(tmp_path: Path) -> Iterator[tuple[Catalog, Writer]]:
-    env, dbs = open_env(tmp_path / "lmdb", 64 << 20)
-    catalog = Catalog(env, dbs)
-    writer = Writer(env, dbs, catalog)
-    yield catalog, writer
-    writer.close()
-    env.close()
 
 
 def rows(start: int, n: int, lang: list[str | None]) -> pa.Table:
@@ -46,31 +33,6 @@ def rows(start: int, n: int, lang: list[str | None]) -> pa.Table:
                      "x": pa.array([float(i) / 4 for i in range(start, start + n)]),
                      "lang": pa.array([lang[i % len(lang)] for i in range(n)], pa.string()),
                      "day": pa.array([i % 3 for i in range(n)], pa.int64())})
-
-
-def served(disc: Discovery, catalog: Catalog, tmp_path: Path) -> list[dict[str, Any]]:
-    """Every row of every unit the scheduler would still sample (files live in the table), as staged."""
-    assert disc.schema is not None
-    staging = tmp_path / "staging"
-    staging.mkdir(exist_ok=True)
-    files = catalog.files()
-    out: list[dict[str, Any]] = []
-    for n, unit in enumerate(build_units(files)):
-        info = files[unit.path]
-        if info.removed or info.quarantined:
-            continue
-        r = run_task(SampleTask(key=f"t{n}", source=disc.remote.url, storage_options={}, path=unit.path,
-                                row_group=unit.row_group, schema=disc.schema.to_json(), staging_dir=str(staging),
-                                block_bytes=1 << 20, arrow_schema=disc.target_text(), file_size=info.size or 0,
-                                footer_bytes=info.footer or 0, partitions=dict(info.partitions)))
-        assert r.ok, r.error
-        for staged_path, _ in r.parts:
-            staged = read_staged(Path(staged_path))
-            for block in staged.blocks:
-                out.extend(decode_rows(block, disc.schema))
-            staged.close()
-            Path(staged_path).unlink()
-    return sorted(out, key=lambda r: r["id"])
 
 
 def truth(uri: str, names: list[str]) -> list[dict[str, Any]]:
@@ -193,7 +155,7 @@ def test_a_pinned_version_is_served_as_it_was(tmp_path: Path, cache: tuple[Catal
     assert disc.run() == [] and len(served(disc, catalog, tmp_path)) == 40  # later versions are not followed
 
 
-def test_the_version_a_table_had_at_a_time_is_served(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+def test_the_version_a_table_had_at_a_time_isserved(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
     catalog, writer = cache
     uri = str(tmp_path / "table")
     write_delta(uri, rows(0, 40, ["en"]), tmp_path)
