@@ -204,6 +204,19 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
+def sampler_pids(d: Any) -> list[int]:
+    """The daemon's sampler processes (its spawn-context children; not multiprocessing's resource tracker)."""
+    found = []
+    for pid in children_of(d.proc.pid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+            found.append(pid)
+    return found
+
+
 @dataclass
 class Stopped:
     code: int | None

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cache_check import check_cache
-from conftest import children_of
+from conftest import sampler_pids
 from daemon_watch import StatusLog, call, dishonest, status, wait_for
 from faultproxy import ErrorRule, FaultProxy
 
@@ -102,19 +102,6 @@ def proxied(s3: Any, proxy: FaultProxy) -> dict[str, str]:
     env: dict[str, str] = s3.env()
     env["AWS_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL_S3"] = proxy.endpoint
     return env
-
-
-def samplers(d: Any) -> list[int]:
-    """The daemon's sampler processes (its spawn-context children; not multiprocessing's resource tracker)."""
-    found = []
-    for pid in children_of(d.proc.pid):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
-            found.append(pid)
-    return found
 
 
 def figures(name: str, **kw: Any) -> None:
@@ -252,7 +239,7 @@ def test_sampler_kills_denied_and_deleted_files(s3: Any, proxy: FaultProxy, daem
     kills = busy = 0
     problems: list[str] = []
     with StatusLog(d) as log:
-        wait_for(lambda: len(samplers(d)) >= 2, 60, "two sampler processes")
+        wait_for(lambda: len(sampler_pids(d)) >= 2, 60, "two sampler processes")
         t0 = time.monotonic()
         while kills < KILLS or not faults.over:
             faults.step(kills)
@@ -265,7 +252,7 @@ def test_sampler_kills_denied_and_deleted_files(s3: Any, proxy: FaultProxy, daem
                 f"ingest ended after {kills} kills: the kills are not spread over it (size the dataset up)")
             with contextlib.suppress(AssertionError):  # a sampler at work, unless every unit waits out a backoff
                 wait_for(lambda: log.last["sampler"]["in_flight"] > 0, 2, "work in flight", every=0.05)
-            pids = wait_for(lambda: samplers(d), 30, "a sampler process")
+            pids = wait_for(lambda: sampler_pids(d), 30, "a sampler process")
             busy += log.last["sampler"]["in_flight"] > 0
             os.kill(rng.choice(pids), signal.SIGKILL)
             kills += 1

@@ -12,25 +12,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import children_of
+from conftest import sampler_pids
 from paths import SUPPORT
 
 pytestmark = pytest.mark.e2e
 
 BROKEN = SUPPORT / "broken_pyarrow"  # its sitecustomize breaks `import pyarrow` while a flag file exists
-
-
-def _samplers(d: Any) -> list[int]:
-    """The daemon's sampler processes (spawn-context children, not multiprocessing's resource tracker)."""
-    out = []
-    for pid in children_of(d.proc.pid):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
-            out.append(pid)
-    return out
 
 
 def _metric(text: str, line: str) -> float:
@@ -46,7 +33,7 @@ def test_a_broken_install_is_a_crash_loop_with_backoff_then_recovers(daemon: Any
     env = {**s3.env(), "TEST_BREAK_PYARROW": str(flag),
            "PYTHONPATH": os.pathsep.join(p for p in (str(BROKEN), os.environ.get("PYTHONPATH")) if p)}
     d = daemon(samplers=1, env=env)
-    pid = until(lambda: _samplers(d), 30, "a sampler process")[0]
+    pid = until(lambda: sampler_pids(d), 30, "a sampler process")[0]
     until(lambda: get(d.url + "/v1/status").json()["samples"] > 0, 60, "a first shard")
 
     flag.touch()  # pyarrow breaks under the running daemon; its sampler dies and every new one dies at start
@@ -71,5 +58,5 @@ def test_a_broken_install_is_a_crash_loop_with_backoff_then_recovers(daemon: Any
     flag.unlink()  # repaired: the next start is clean and ends the crash loop
     until(lambda: get(d.url + "/healthz").status == 200, 60, "/healthz 200 after the repair")
     st = get(d.url + "/v1/status").json()
-    assert st["sampler"]["state"] != "crash loop" and _samplers(d), st["sampler"]
+    assert st["sampler"]["state"] != "crash loop" and sampler_pids(d), st["sampler"]
     assert "the crash loop is over" in d.log_tail(200000)
