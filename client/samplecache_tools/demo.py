@@ -8,12 +8,10 @@ prints one line of what it trained on; at the end a chart of the epochs is writt
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from samplecache.api.client import request_json
 from samplecache.pytorch.dataset import SampleCacheDataset
 from samplecache.reading.epoch_source import EpochPlan
 from samplecache_tools import demo_chart
@@ -91,8 +90,8 @@ class Progress:
 
 
 def status(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url + "/v1/status", timeout=10) as r:
-        return json.loads(r.read())  # type: ignore[no-any-return]
+    got: dict[str, Any] = request_json(url + "/v1/status", what="daemon status")  # retried, as the client's calls
+    return got
 
 
 def new_samples(previous: EpochPlan | None, plan: EpochPlan) -> int:

@@ -45,9 +45,31 @@ def upload(target: str) -> int:
     return 0
 
 
+def wait_for_daemon(seconds: float = 120) -> bool:
+    """True once the daemon answers /healthz; compose starts the trainer as soon as the daemon's container runs,
+    which is before its API listens."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(URL + "/healthz", timeout=5):
+                return True
+        except urllib.error.HTTPError:
+            return True  # it answers (503 while it starts up is an answer: the client waits for samples)
+        except OSError as e:
+            if time.monotonic() > deadline:
+                print(f"train: the daemon at {URL} did not answer within {seconds:.0f} s: {e!r}", file=sys.stderr)
+                return False
+            time.sleep(1)
+
+
 def train(epochs: int) -> int:
     from samplecache_tools.demo import train as train_demo
 
+    if not wait_for_daemon():
+        return 1
     history = train_demo(URL, epochs=epochs, workers=2, min_samples=2000)
     final = history[-1]
     print(f"train: epoch sample {history[0].samples} -> {final.samples}, "
