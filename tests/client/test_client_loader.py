@@ -315,6 +315,7 @@ def test_sample_cache_loader_batches_a_per_sample_dataset_exactly_like_default_c
     loader = SampleCacheLoader(mine, batch_size=40, num_workers=workers)
     plain = DataLoader(SampleCacheDataset(url, columns=cols, seed=21), batch_size=40, num_workers=workers)
     assert loader.dataset.batch_size == 40 and mine.batch_size is None  # a batching copy; the caller's untouched
+    assert loader._direct() == (workers == 0)  # in-process: batches straight from the dataset, not DataLoader's loop
     got, want = list(loader), list(plain)
     assert len(got) == len(want) and len(got) > 2
     if workers:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import pytest
 
-from samplecache.reading import gather
+from samplecache.reading import gather, reader
 
 
 def jobs(n: int, width: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
@@ -62,3 +63,28 @@ def test_a_forked_child_makes_its_own_pool() -> None:
 
 def test_default_threads_is_the_usable_cores_capped() -> None:
     assert 1 <= gather.default_threads() <= min(gather.MAX_THREADS, len(os.sched_getaffinity(0)))
+
+
+@pytest.mark.parametrize("dtype,shape", [(np.uint8, (256,)), (np.int64, ()), (np.float32, (3, 5)), (np.bool_, (7,))])
+def test_one_gather_over_the_mapped_blocks_equals_a_gather_block_by_block(dtype: Any, shape: tuple[int, ...]) -> None:
+    """``reader._gather_mapped`` reaches every block through one array over the memory they lie in (unaligned,
+    with gaps between them, as LMDB values are), and lands each row where the block-by-block gather puts it."""
+    rng = np.random.default_rng(len(shape))
+    row = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    sizes = [5, 300, 1, 64, 17]
+    raw = rng.integers(0, 256, size=sum(sizes) * row + 11 * len(sizes), dtype=np.uint8)
+    srcs, at = [], 3  # each block starts at an odd offset, after a gap
+    for n in sizes:
+        srcs.append(raw[at:at + n * row].view(dtype).reshape((n,) + shape))
+        at += n * row + 7
+    inverse = rng.integers(0, len(sizes), 500)
+    local = np.array([rng.integers(0, sizes[u]) for u in inverse.tolist()], np.int64)
+    where = reader._Where(list(range(len(sizes))), inverse, local)
+    out = np.zeros((500,) + shape, dtype)
+    assert reader._gather_mapped(srcs, out, where)
+    want = np.stack([srcs[u][r] for u, r in zip(inverse.tolist(), local.tolist())])
+    assert out.tobytes() == want.tobytes()  # bytes: random float bits hold NaNs
+    # a block that is not one contiguous array (a broadcast mask) is left to the loop: nothing written
+    strided = [np.broadcast_to(s[:1], s.shape) for s in srcs]
+    out[:] = 0
+    assert not reader._gather_mapped(strided, out, where) and not out.any()
