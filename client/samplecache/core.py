@@ -17,6 +17,7 @@ of its DataLoader workers, reading its share of an epoch is a "worker".
 from __future__ import annotations
 
 import numbers
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -39,6 +40,7 @@ from samplecache.reading.stream import Stream
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 LOOSE_RUN = 256  # samples per worker turn when no batch size is known (a plain DataLoader), at most a read chunk
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
+LEAD_S = 1.0  # or sooner, when the epoch's time left is less than this: fetching and leasing take milliseconds
 STATE_VERSION = 2  # 2: one position in the epoch's global order (elastic); 1: per-worker skip counts
 _ONE_BY_ONE = BatchOptions(None)  # frozen, so one shared instance: samples, read ahead as by default
 
@@ -346,11 +348,14 @@ class Reader:
         holder = f"rank {pos.rank} worker {pos.worker}"
         keeper = self.source.keeper(plan, holder)
         prefetch_at = int(PREFETCH_AT * stream.total) if self.cache.prefetch_next else -1
-        done = 0
+        done, began = 0, time.monotonic()
         try:
             for n, item in items:
                 done += n
-                if done >= prefetch_at >= 0:
+                # the next epoch is fetched and leased ahead: at 95%, or sooner when the time left in this one
+                # (at the pace so far) is below LEAD_S, so that a short epoch's successor is ready when it ends
+                if prefetch_at >= 0 and (done >= prefetch_at or (time.monotonic() - began) * (stream.total - done)
+                                         < LEAD_S * done):
                     self.source.prefetch_next(epoch + 1, holder)
                     prefetch_at = -1
                 if keeper is not None:

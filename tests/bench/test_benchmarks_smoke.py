@@ -320,3 +320,25 @@ def test_parquet_units_quick(tmp_path: Path) -> None:
     assert tiny["errors"] == [] and tiny["rows"] == tiny["groups"] * 10 == 5000, report
     assert result["host"]["cpus"] and "loadavg_start" in result["host"], report
     assert list(work.iterdir()) == [], report
+
+
+# --- python -m benchmarks.short_epochs --quick: each adapter's per-epoch set-up over short epochs -----------------
+
+@pytest.mark.e2e
+def test_short_epochs_quick(tmp_path: Path) -> None:
+    """Every adapter reads its epochs whole (each epoch's count and checksums against the Parquet truth, else
+    exit 1): set-up times and rates in the JSON and the table, the block scan beside them."""
+    out = tmp_path / "short.json"
+    proc = bench("short_epochs", "--quick", "--json", out, "--workdir", tmp_path / "bench-data")
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0 and out.exists(), report
+    result = json.loads(out.read_text())
+    assert result["rows"] == 2000 and result["epochs"] == 3, report
+    got = result["results"]
+    assert set(got) == {"lmdb-block", "torch-loader", "numpy", "tf"}, report
+    for name in ("torch-loader", "numpy", "tf"):
+        r = got[name]
+        assert r["epochs"] == 3 and 0 < r["setup_ms"] <= r["setup_ms_max"], (name, r)
+        assert r["samples_per_s"] > 0, (name, r)
+    assert got["lmdb-block"]["samples_per_s"] > 0
+    assert "set-up ms" in proc.stdout and "x block" in proc.stdout, report

@@ -381,6 +381,54 @@ def test_a_dropped_dataset_releases_the_lease_it_took_ahead(url: str) -> None:
     assert not set(ahead) & set(live_leases(url)), "the dropped dataset still holds its lease on epoch 7"
 
 
+def test_the_next_epoch_is_fetched_and_leased_ahead_exactly_once(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Epochs read back to back: each epoch's manifest is fetched and its lease taken once in this process, ahead
+    (while the epoch before it is read: a short epoch's next one is fetched at its start), never again at the
+    boundary; closing releases every lease, the one taken for the epoch after the last too."""
+    fetched: list[int] = []
+    leased: list[int] = []
+    real_fetch, real_keeper = epoch_source.fetch_manifest, epoch_source.LeaseKeeper
+
+    def fetch(u: str, epoch: int, *a: Any, **k: Any) -> Any:
+        fetched.append(epoch)
+        return real_fetch(u, epoch, *a, **k)
+
+    class Keeper(real_keeper):  # type: ignore[misc, valid-type]
+        def __init__(self, *a: Any, **k: Any) -> None:
+            leased.append(int(k["job_epoch"]))
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(epoch_source, "fetch_manifest", fetch)
+    monkeypatch.setattr(epoch_source, "LeaseKeeper", Keeper)
+    before = set(live_leases(url))
+    ds = SampleCacheDataset(url, columns=["id"], seed=17, batch_size=64)
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        assert sum(len(b["id"]) for b in ds) == TOTAL
+    cc.wait_for(lambda: len(leased) == 4 or None, 10, "the lease on job epoch 3, taken ahead")
+    assert sorted(leased) == [0, 1, 2, 3], leased  # once each: epochs 1-3 ahead, none again at their start
+    assert len(fetched) == 4, fetched
+    mine = {k for k, v in live_leases(url).items() if k not in before and v["job"] == ds.job}
+    assert {live_leases(url)[k]["job_epoch"] for k in mine} == {3}  # the epochs read were released at their end
+    ds.close()
+    assert not mine & set(live_leases(url)), "close() left the lease taken ahead"
+
+
+def test_a_loop_that_fails_mid_epoch_leaves_no_lease(url: str) -> None:
+    """The training loop raises in the middle of an epoch (after the next one was leased ahead): the epoch's
+    lease goes when its iterator is dropped, the one taken ahead when the dataset is closed."""
+    before = set(live_leases(url))
+    ds = SampleCacheDataset(url, columns=["id"], seed=18, batch_size=64)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        for n, _ in enumerate(ds):
+            if n == 5:
+                raise RuntimeError("the step failed")
+    job = ds.job
+    ds.close()
+    left = {k: v for k, v in live_leases(url).items() if k not in before and v["job"] == job}
+    assert not left, left
+
+
 # --------------------------------------------------------------------------------------------- bad input
 def test_unreachable_daemon_is_a_daemon_error_naming_the_url_after_bounded_retries() -> None:
     dead = f"http://127.0.0.1:{cc.free_port()}"

@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from samplecache.reading import gather, prefetch, reader
+from samplecache.reading import batching, gather, prefetch, reader
 
 
 def test_closing_the_consumer_stops_a_producer_waiting_to_put_at_once() -> None:
@@ -81,3 +81,21 @@ def test_a_remap_waits_until_no_transaction_is_open() -> None:
     assert env.remaps == 1 and env.open_at_remap == 0 and entered.is_set()
     gate.leave()
     assert gate.active == 0
+
+
+def test_a_group_read_ahead_that_fails_hands_over_its_items_before_the_error() -> None:
+    """The read-ahead thread hands over a group's items at once (``batching.batch_items``): a group whose making
+    fails still delivers the items made before the error, then raises it, as reading item by item would."""
+    def group(k: int) -> Iterator[int]:
+        yield 10 * k
+        yield 10 * k + 1
+        if k == 2:
+            raise ValueError("bad block in group 2")
+        yield 10 * k + 2
+
+    got: list[int] = []
+    items = batching._flat(prefetch.prefetched((batching._listed(group(k)) for k in range(4)), 2))
+    with pytest.raises(ValueError, match="bad block in group 2"):
+        for x in items:
+            got.append(x)
+    assert got == [0, 1, 2, 10, 11, 12, 20, 21]

@@ -239,6 +239,34 @@ def test_missing_column_and_unmasked_null_are_named(typed_url: str) -> None:
             ids_of(f.dataset())
 
 
+def test_a_null_in_a_fixed_column_stops_at_its_batch_with_the_batches_before_it_delivered(
+        daemon: Any, s3: Any, bucket: str) -> None:
+    """Fixed-shape columns come in chunks of stacked batches: a chunk with a null in an unmasked column goes out
+    batch by batch up to the batch that holds it, then the error names the column, as without chunks."""
+    import pyarrow as pa
+    prefix = f"{bucket}/tf-fixed-null"
+    null_id = 437
+
+    def make(n: int, seed: int, off: int) -> pa.Table:
+        ids = np.arange(off, off + n, dtype=np.int64)
+        return pa.table({"id": ids, "maybe_int": pa.array([None if i == null_id else int(i) * 3 for i in ids],
+                                                          pa.int64())})
+    write_dataset(s3.fs(), prefix, 1, 600, 600, make=make)
+    d = daemon(f"s3://{prefix}")
+    with sctf.Feed(d.url, ["id", "maybe_int"], batch_size=16, min_samples=600, wait=60, masks=["maybe_int"]) as f:
+        order = ids_of(f.dataset(epoch=0))  # with the mask: every sample, in the epoch's order
+    assert sorted(order) == list(range(600))
+    holds = order.index(null_id) // 16  # the batch that holds the null
+    with sctf.Feed(d.url, ["id", "maybe_int"], batch_size=16, min_samples=600, wait=60) as f:
+        assert f.element_spec["maybe_int"].dtype == tf.int64
+        got: list[int] = []
+        with pytest.raises(tf.errors.OpError, match="'maybe_int' holds a null.*masks"):
+            for b in f.dataset(epoch=0):
+                assert b["id"].shape == (16,) and np.array_equal(b["maybe_int"].numpy(), b["id"].numpy() * 3)
+                got += b["id"].numpy().tolist()
+    assert got == order[:holds * 16]
+
+
 @pytest.mark.filterwarnings("ignore:.shuffle=True. was passed:UserWarning",  # Keras: the feed shuffles
                             "ignore:Your input ran out of data:UserWarning")  # Keras: an epoch's length is not static
 def test_a_keras_model_trains_through_it(daemon: Any, s3: Any, bucket: str) -> None:

@@ -59,13 +59,33 @@ def batch_items(plan: EpochPlan, stream: Stream, start: int, batch: int, unit: i
     if prefetch <= 0:
         return (x for i, r, u in groups for x in make(plan, i, r, u))
     depth = ahead(prefetch, min(group_samples(plan, batch, unit), max(1, len(stream))) * plan.sample_bytes)
-    return _flat(prefetched((list(make(plan, i, r, u)) for i, r, u in groups), depth))
+    return _flat(prefetched((_listed(make(plan, i, r, u)) for i, r, u in groups), depth))
+
+
+class _Failed:
+    """An error that stopped a group: raised to the consumer after the items made before it."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+def _listed(items: Iterator[Any]) -> list[Any]:
+    got: list[Any] = []
+    try:
+        for x in items:
+            got.append(x)
+    except Exception as e:  # noqa: BLE001 - handed to the consumer in order
+        got.append(_Failed(e))
+    return got
 
 
 def _flat(lists: Iterator[list[Any]]) -> Iterator[Any]:
     try:
         for items in lists:
-            yield from items
+            for x in items:
+                if isinstance(x, _Failed):
+                    raise x.exc
+                yield x
     finally:
         lists.close()  # type: ignore[attr-defined]  # the read-ahead thread stops now, not when collected
 

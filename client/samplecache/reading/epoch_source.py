@@ -122,6 +122,8 @@ class EpochSource:
         self._ending: set[LeaseKeeper] = set()  # leases of epochs read, their release sent in the background
         self.warm = False  # an epoch was mapped, so the cache held min_samples: later mappings do not wait
         self._threads: list[threading.Thread] = []
+        self._ahead: dict[int, threading.Thread] = {}  # epoch -> the thread fetching it ahead
+        self._ahead_failed: dict[int, Exception] = {}  # epoch -> why its fetch ahead failed
         self._started: set[int] = set()  # epochs whose reading started in this process
         self.closed = False
         self._pid = os.getpid()
@@ -155,10 +157,28 @@ class EpochSource:
         """Make job epoch ``epoch`` read the sealed ``daemon_epoch`` (asked now, before any worker asks)."""
         self.attach().daemon_epoch(epoch, self.cache.min_samples, 0.0, replay=daemon_epoch)  # sealed: no wait
 
+    def _await_ahead(self, epoch: int) -> Exception | None:
+        """Wait for this process's fetch ahead of ``epoch`` if one is under way (it is about done: asking the
+        daemon again beside it would only double the calls and the leases); the error it failed with while
+        waited for (then the daemon just failed that very call: asking again would double the time to fail)."""
+        with self._lock:
+            t = self._ahead.get(epoch)
+        if t is None or t is threading.current_thread() or not t.is_alive():
+            return None
+        t.join(self.deadline)
+        with self._lock:
+            return self._ahead_failed.pop(epoch, None)
+
     def plan(self, epoch: int) -> EpochPlan:
         """The manifest of job epoch ``epoch`` (fetched once per process; the job's first request seals it)."""
         with self._lock:
             got = self._plans.get(epoch)
+        if got is None:
+            failed = self._await_ahead(epoch)
+            with self._lock:
+                got = self._plans.get(epoch)
+            if got is None and failed is not None:
+                raise failed
         if got is None:
             # The long poll for min_samples is warm-up's: once an epoch was mapped it would only stretch the
             # time a stopped daemon takes to fail. The mapping seals the epoch, so its manifest never waits.
@@ -204,10 +224,16 @@ class EpochSource:
                 if lease and self.cache.lease and epoch not in self._keepers and epoch not in self._started \
                         and not self.closed:
                     self._store_ahead(epoch, self._new_keeper(plan, holder))
-            except (DaemonError, KeyError, ValueError):
-                pass  # the next iteration fetches it again and reports the error there
+            except (DaemonError, KeyError, ValueError) as e:
+                # the next iteration reports it if it waited for this call, else fetches the epoch again
+                with self._lock:
+                    self._ahead_failed[epoch] = e
         t = threading.Thread(target=run, name=f"samplecache-prefetch-{self.job_name}-{epoch}", daemon=True)
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        with self._lock:
+            self._ahead = {e: x for e, x in self._ahead.items() if x.is_alive()}
+            self._ahead[epoch] = t
+            self._ahead_failed.pop(epoch, None)
         if self._pid != os.getpid():
             # a DataLoader worker: when it exits (through os._exit, after multiprocessing's finalizers), wait for
             # this thread and release what it leased, or a lease taken in the last moment outlives the worker
@@ -218,6 +244,7 @@ class EpochSource:
     def keeper(self, plan: EpochPlan, holder: str) -> LeaseKeeper | None:
         """This epoch's lease while it is read: the one taken ahead with its manifest, or a new one. Leases
         taken ahead for epochs up to this one that nobody will read now are released."""
+        self._await_ahead(plan.epoch)
         with self._lock:
             self._started = {e for e in self._started if e >= plan.epoch - 4} | {plan.epoch}
             got = self._keepers.pop(plan.epoch, None)
@@ -253,7 +280,7 @@ class EpochSource:
         state = dict(self.__dict__)
         state["_lock"] = None
         state["_keepers"], state["_live"], state["_threads"], state["_started"] = {}, set(), [], set()
-        state["_ending"] = set()
+        state["_ending"], state["_ahead"], state["_ahead_failed"] = set(), {}, {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -23,7 +23,8 @@ class CacheOptions:
     token file; ``deadline`` None: SAMPLECACHE_DEADLINE, else 60 s per call; ``retries`` None: as many as the
     deadline allows; ``min_samples``/``wait``: a process's first epoch waits up to ``wait`` s for that many cached
     samples (warm-up; later epochs do not wait);
-    ``prefetch_next``: fetch and lease the next epoch's manifest when 95% of this one is read."""
+    ``prefetch_next``: fetch and lease the next epoch's manifest when 95% of this one is read, or
+    sooner when less than a second of it is left (at its pace so far)."""
 
     url: str = DEFAULT_URL
     columns: Sequence[str] | None = None
