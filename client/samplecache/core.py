@@ -356,7 +356,7 @@ class Reader:
                 # (at the pace so far) is below LEAD_S, so that a short epoch's successor is ready when it ends
                 if prefetch_at >= 0 and (done >= prefetch_at or (time.monotonic() - began) * (stream.total - done)
                                          < LEAD_S * done):
-                    self.source.prefetch_next(epoch + 1, holder)
+                    self.source.prefetch_next(epoch + 1, holder, ready=lambda p: order_of(p, self.split).warm())
                     prefetch_at = -1
                 if keeper is not None:
                     keeper.read = done

@@ -59,7 +59,22 @@ def batch_items(plan: EpochPlan, stream: Stream, start: int, batch: int, unit: i
     if prefetch <= 0:
         return (x for i, r, u in groups for x in make(plan, i, r, u))
     depth = ahead(prefetch, min(group_samples(plan, batch, unit), max(1, len(stream))) * plan.sample_bytes)
-    return _flat(prefetched((_listed(make(plan, i, r, u)) for i, r, u in groups), depth))
+    return _flat(_first_inline(prefetched, (_listed(make(plan, i, r, u)) for i, r, u in groups), depth))
+
+
+def _first_inline(ahead: Callable[[Iterator[Any], int], Iterator[Any]], lists: Iterator[list[Any]], depth: int
+                  ) -> Iterator[list[Any]]:
+    """The first group made in the caller's thread (an epoch's first batch waits for no thread to start and
+    hand it over), the rest by ``ahead(lists, depth)``."""
+    first = next(lists, None)
+    if first is None:
+        return
+    yield first
+    rest = ahead(lists, depth)
+    try:
+        yield from rest
+    finally:
+        rest.close()  # type: ignore[attr-defined]
 
 
 class _Failed:

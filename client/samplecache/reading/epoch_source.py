@@ -17,7 +17,7 @@ import os
 import threading
 import weakref
 from multiprocessing import util as mp_util
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from samplecache.api.client import DaemonError, daemon_url, deadline_setting, fetch_manifest
 from samplecache.api.job import JobClient, job_name, new_run
@@ -169,8 +169,9 @@ class EpochSource:
         with self._lock:
             return self._ahead_failed.pop(epoch, None)
 
-    def plan(self, epoch: int) -> EpochPlan:
-        """The manifest of job epoch ``epoch`` (fetched once per process; the job's first request seals it)."""
+    def plan(self, epoch: int, ready: Callable[[EpochPlan], None] | None = None) -> EpochPlan:
+        """The manifest of job epoch ``epoch`` (fetched once per process; the job's first request seals it).
+        ``ready(plan)`` runs on a plan fetched now, before any other thread can see it (work done ahead)."""
         with self._lock:
             got = self._plans.get(epoch)
         if got is None:
@@ -185,9 +186,13 @@ class EpochSource:
             wait, min_samples = (0.0 if self.warm else self.cache.wait), self.cache.min_samples
             daemon_epoch = self.attach().daemon_epoch(epoch, min_samples, wait)
             self.warm = True
-            manifest = fetch_manifest(self.url, daemon_epoch, min_samples, 0.0, self.token, self.retries,
-                                      self.deadline)
+            with self._lock:  # job epochs read the same sealed daemon epoch while the cache did not change
+                same = next((p.manifest for p in self._plans.values() if p.daemon_epoch == daemon_epoch), None)
+            manifest = same if same is not None else fetch_manifest(
+                self.url, daemon_epoch, min_samples, 0.0, self.token, self.retries, self.deadline)
             got = EpochPlan(manifest, self.columns, epoch)
+            if ready is not None:
+                ready(got)
             with self._lock:
                 self._plans[epoch] = got
                 for old in [e for e in self._plans if e < epoch - 1]:
@@ -213,12 +218,13 @@ class EpochSource:
         if late:
             keeper.release()
 
-    def prefetch_next(self, epoch: int, holder: str, lease: bool = True) -> None:
+    def prefetch_next(self, epoch: int, holder: str, lease: bool = True,
+                      ready: Callable[[EpochPlan], None] | None = None) -> None:
         """Fetch (so seal) the next epoch's manifest and take its lease (unless ``lease`` is False) in a thread,
         before this epoch ends."""
         def run() -> None:
             try:
-                plan = self.plan(epoch)
+                plan = self.plan(epoch, ready)
                 # Lease it now, so its shards stay pinned until it is read. A worker that is not persistent
                 # releases it unread when it exits, which keeps the epoch pinned for the next workers' leases.
                 if lease and self.cache.lease and epoch not in self._keepers and epoch not in self._started \

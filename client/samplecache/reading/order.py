@@ -73,6 +73,11 @@ class EpochOrder:
             out[sel] = i * w + perm[g[sel] - i * w]
         return out
 
+    def warm(self) -> None:
+        """Make the first shard's row order now (ahead of the epoch: its first batch needs it)."""
+        if self.shuffle and self.total:
+            self._row_order(int(self.order[0]))
+
     def runs(self, a: int, b: int, out: list[tuple[int, np.ndarray]]) -> None:
         """Append the positions [a, b) to ``out`` as (manifest index, rows) runs, shard by shard (no per-position
         search): the common case, a batch or a run of batches of neighbouring positions. No window shuffle."""
