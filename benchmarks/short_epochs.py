@@ -9,6 +9,8 @@ then ``--epochs`` job epochs back to back, in this process, every batch verified
 * ``torch-loader``  ``SampleCacheLoader(SampleCacheDataset(url, batch_size=256), batch_size=None)``, no workers;
 * ``numpy``         ``samplecache.arrays.NumpyBatches(url, 256)`` (the JAX / NumPy iterator);
 * ``tf``            ``samplecache.tf.dataset(url, ["x", "y"], batch_size=256)`` (each iteration: the next epoch);
+* ``dali``          a CPU DALI pipeline (``device_id=None``) over ``samplecache.dali.DaliSource(url, 256)``: ``run()``
+                    to ``StopIteration``, then ``reset()``;
 * ``lmdb-block``    the raw block scan of the same cache (a whole block's ``x`` copied at once, no Python per
                     sample; ``harness.lmdb_scan``): the ceiling that ``x block`` divides by.
 
@@ -40,8 +42,8 @@ from .harness import (
 )
 from .harness.cli import log
 
-ADAPTERS = ["torch-loader", "numpy", "tf"]
-NEEDS = {"torch-loader": "torch", "numpy": None, "tf": "tensorflow"}
+ADAPTERS = ["torch-loader", "numpy", "tf", "dali"]
+NEEDS = {"torch-loader": "torch", "numpy": None, "tf": "tensorflow", "dali": "nvidia.dali"}
 
 
 def epochs(make: Callable[[int], Iterable[dict[str, Any]]], count: int, check: Check, truth: dict[str, int]
@@ -88,9 +90,37 @@ def reader_of(adapter: str, url: str) -> tuple[Callable[[int], Iterable[dict[str
             nb.set_epoch(e)
             return nb
         return numpy_epoch, nb.close
+    if adapter == "dali":
+        return dali_reader(url)
     import samplecache.tf as sctf
     tds = sctf.dataset(url, ["x", "y"], batch_size=256, shuffle=True)
     return (lambda e: tds), tds.samplecache_feed.close  # each iteration reads the job's next epoch
+
+
+def dali_reader(url: str) -> tuple[Callable[[int], Iterable[dict[str, Any]]], Callable[[], None]]:
+    from nvidia.dali import pipeline_def
+
+    from samplecache.core import CacheOptions
+    from samplecache.dali import DaliSource, external_source
+    source = DaliSource(CacheOptions(url, columns=["x", "y"]), 256, shuffle=True)
+
+    @pipeline_def(batch_size=256, num_threads=1, device_id=None)
+    def xy() -> Any:
+        cols = external_source(source)
+        return cols["x"], cols["y"]
+
+    pipe = xy()
+    pipe.build()
+
+    def dali_epoch(e: int) -> Iterable[dict[str, Any]]:
+        source.set_epoch(e)
+        try:
+            while True:
+                x, y = pipe.run()
+                yield {"x": x.as_array(), "y": y.as_array()}
+        except StopIteration:
+            pipe.reset()
+    return dali_epoch, source.close
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -335,8 +335,8 @@ def test_short_epochs_quick(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["rows"] == 2000 and result["epochs"] == 3, report
     got = result["results"]
-    assert set(got) == {"lmdb-block", "torch-loader", "numpy", "tf"}, report
-    for name in ("torch-loader", "numpy", "tf"):
+    assert set(got) == {"lmdb-block", "torch-loader", "numpy", "tf", "dali"}, report
+    for name in ("torch-loader", "numpy", "tf", "dali"):
         r = got[name]
         assert r["epochs"] == 3 and 0 < r["setup_ms"] <= r["setup_ms_max"], (name, r)
         assert r["samples_per_s"] > 0, (name, r)
