@@ -43,7 +43,7 @@ from .harness import (
 from .harness.cli import log
 
 ADAPTERS = ["torch-loader", "numpy", "tf", "dali"]
-NEEDS = {"torch-loader": "torch", "numpy": None, "tf": "tensorflow", "dali": "nvidia.dali"}
+NEEDS = {"torch-loader": "torch", "numpy": None, "tf": "tensorflow", "dali": "dali"}
 
 
 def epochs(make: Callable[[int], Iterable[dict[str, Any]]], count: int, check: Check, truth: dict[str, int]

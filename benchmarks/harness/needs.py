@@ -65,6 +65,7 @@ NEEDS: dict[str, Need] = {
     "litdata": Need("litdata==0.2.76", PEERS, modules=("litdata", "litdata.streaming.writer")),
     "webdataset": Need("webdataset==1.0.2", PEERS, modules=("webdataset",)),
     "tensorflow": Need("tensorflow-cpu", _pip("-e '.[tf]'"), modules=("tensorflow",)),
+    "dali": Need("nvidia-dali-cuda120", _pip("-e '.[dali]'"), modules=("nvidia.dali",)),
     "torch": Need("torch==2.13.0", _pip("torch==2.13.0"), modules=("torch",)),
     "s3fs": Need("s3fs", _pip("-e '.[bench]'"), modules=("s3fs",)),
     "py-spy": Need("py-spy", _pip("py-spy"), tool="py-spy"),
