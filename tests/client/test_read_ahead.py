@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from samplecache.reading import batching, gather, prefetch, reader
+from samplecache.reading import gather, prefetch, reader
 
 
 def test_closing_the_consumer_stops_a_producer_waiting_to_put_at_once() -> None:
@@ -84,8 +84,9 @@ def test_a_remap_waits_until_no_transaction_is_open() -> None:
 
 
 def test_a_group_read_ahead_that_fails_hands_over_its_items_before_the_error() -> None:
-    """The read-ahead thread hands over a group's items at once (``batching.batch_items``): a group whose making
-    fails still delivers the items made before the error, then raises it, as reading item by item would."""
+    """``prefetched_groups`` (``batching.batch_items``'s read ahead) hands over a group's items at once: a group
+    whose making fails still delivers the items made before the error, then raises it, as reading item by item
+    would."""
     def group(k: int) -> Iterator[int]:
         yield 10 * k
         yield 10 * k + 1
@@ -94,8 +95,22 @@ def test_a_group_read_ahead_that_fails_hands_over_its_items_before_the_error() -
         yield 10 * k + 2
 
     got: list[int] = []
-    items = batching._flat(prefetch.prefetched((batching._listed(group(k)) for k in range(4)), 2))
+    items = prefetch.prefetched_groups((group(k) for k in range(4)), 2)
     with pytest.raises(ValueError, match="bad block in group 2"):
         for x in items:
             got.append(x)
     assert got == [0, 1, 2, 10, 11, 12, 20, 21]
+
+
+def test_the_first_group_is_made_in_the_callers_thread_the_rest_ahead() -> None:
+    """An epoch's first batch waits for no thread to start: group 0 is made by the consumer, later ones by the
+    read-ahead thread."""
+    made_by: list[str] = []
+
+    def group(k: int) -> Iterator[int]:
+        made_by.append(threading.current_thread().name)
+        yield k
+
+    assert list(prefetch.prefetched_groups((group(k) for k in range(3)), 2)) == [0, 1, 2]
+    assert made_by[0] == threading.current_thread().name
+    assert made_by[1:] == ["samplecache-prefetch"] * 2

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from samplecache.reading.epoch_source import EpochPlan
-from samplecache.reading.prefetch import prefetched
+from samplecache.reading.prefetch import prefetched_groups
 from samplecache.reading.stream import Stream
 
 AHEAD_BYTES = 8 << 20  # read ahead by the prefetch thread, beyond one chunk or batch
@@ -59,50 +59,7 @@ def batch_items(plan: EpochPlan, stream: Stream, start: int, batch: int, unit: i
     if prefetch <= 0:
         return (x for i, r, u in groups for x in make(plan, i, r, u))
     depth = ahead(prefetch, min(group_samples(plan, batch, unit), max(1, len(stream))) * plan.sample_bytes)
-    return _flat(_first_inline(prefetched, (_listed(make(plan, i, r, u)) for i, r, u in groups), depth))
-
-
-def _first_inline(ahead: Callable[[Iterator[Any], int], Iterator[Any]], lists: Iterator[list[Any]], depth: int
-                  ) -> Iterator[list[Any]]:
-    """The first group made in the caller's thread (an epoch's first batch waits for no thread to start and
-    hand it over), the rest by ``ahead(lists, depth)``."""
-    first = next(lists, None)
-    if first is None:
-        return
-    yield first
-    rest = ahead(lists, depth)
-    try:
-        yield from rest
-    finally:
-        rest.close()  # type: ignore[attr-defined]
-
-
-class _Failed:
-    """An error that stopped a group: raised to the consumer after the items made before it."""
-
-    def __init__(self, exc: Exception) -> None:
-        self.exc = exc
-
-
-def _listed(items: Iterator[Any]) -> list[Any]:
-    got: list[Any] = []
-    try:
-        for x in items:
-            got.append(x)
-    except Exception as e:  # noqa: BLE001 - handed to the consumer in order
-        got.append(_Failed(e))
-    return got
-
-
-def _flat(lists: Iterator[list[Any]]) -> Iterator[Any]:
-    try:
-        for items in lists:
-            for x in items:
-                if isinstance(x, _Failed):
-                    raise x.exc
-                yield x
-    finally:
-        lists.close()  # type: ignore[attr-defined]  # the read-ahead thread stops now, not when collected
+    return prefetched_groups((make(plan, i, r, u) for i, r, u in groups), depth)
 
 
 __all__ = ["AHEAD_BYTES", "BATCH_ALONE_BYTES", "batch_groups", "group_samples", "gather_batches", "ahead",

@@ -239,7 +239,8 @@ class EpochSource:
         with self._lock:
             self._ahead = {e: x for e, x in self._ahead.items() if x.is_alive()}
             self._ahead[epoch] = t
-            self._ahead_failed.pop(epoch, None)
+            # a failure nobody waited for is dropped once its epoch is past (the boundary fetched it itself)
+            self._ahead_failed = {e: x for e, x in self._ahead_failed.items() if epoch - 1 <= e < epoch}
         if self._pid != os.getpid():
             # a DataLoader worker: when it exits (through os._exit, after multiprocessing's finalizers), wait for
             # this thread and release what it leased, or a lease taken in the last moment outlives the worker

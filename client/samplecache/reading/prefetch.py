@@ -8,9 +8,10 @@ waiting to put its item finds room).
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
-from typing import Iterator, TypeVar
+from typing import Any, Iterator, TypeVar
 
 T = TypeVar("T")
 _DONE = object()
@@ -61,3 +62,33 @@ def prefetched(items: Iterator[T], depth: int = 2) -> Iterator[T]:
         except queue.Empty:
             pass
         t.join(timeout=5)
+
+
+def _listed(items: Iterator[T]) -> list[Any]:
+    """The items, and the error that stopped them (as a ``_Failure``) after them."""
+    got: list[Any] = []
+    try:
+        for x in items:
+            got.append(x)
+    except Exception as e:  # noqa: BLE001 - handed to the consumer after the items made before it
+        got.append(_Failure(e))
+    return got
+
+
+def prefetched_groups(groups: Iterator[Iterator[T]], depth: int = 2) -> Iterator[T]:
+    """The items of ``groups``: the first group made in the caller's thread (an epoch's first batch waits for no
+    thread), the others by a thread up to ``depth`` groups ahead, each handed over whole (one hand-over per group,
+    not per item). An error while making a group reaches the consumer after that group's items made before it."""
+    lists = (_listed(g) for g in groups)
+    first = next(lists, None)
+    if first is None:
+        return
+    rest = prefetched(lists, depth)
+    try:
+        for items in itertools.chain([first], rest):
+            for x in items:
+                if isinstance(x, _Failure):
+                    raise x.exc
+                yield x
+    finally:
+        rest.close()  # type: ignore[attr-defined]  # the thread stops now, not when collected
