@@ -5,6 +5,7 @@ compared as their column's type, null as SQL treats it; a bad filter or one nami
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -68,7 +69,8 @@ def _table(tmp_path: Path) -> Path:
     return src
 
 
-def test_files_outside_the_filter_are_never_read(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+def test_files_outside_the_filter_are_never_read(tmp_path: Path, cache: tuple[Catalog, Writer],
+                                                 idle_status: Callable[..., dict[str, Any]]) -> None:
     catalog, writer = cache
     src = _table(tmp_path)
     remote = FsspecRemote(f"file://{src}")
@@ -82,13 +84,7 @@ def test_files_outside_the_filter_are_never_read(tmp_path: Path, cache: tuple[Ca
     listing = disc.listing()
     assert listing is not None and listing["outside_filter"] == 4 and listing["parquet"] == 6
     assert listing["filter"] == "lang in ('en', 'de') and year >= 2024"
-    status = {"source": "s3://b/t/", "cache_dir": "/c", "bytes": 0, "max_bytes": 1, "samples": 0, "shards": 0,
-              "disk_free": 1, "sampler": {"state": "sampling", "reason": None, "processes": 1, "in_flight": 0},
-              "ingest": {"samples_per_s": 0.0, "bytes_per_s": 0.0},
-              "remote": {"bytes_read": 0, "bytes_since_last_epoch": 0},
-              "pacing": {"mode": "epoch", "replace_per_epoch": 1.0, "max_ingest_rate": 0, "reason": None},
-              "jobs": 0, "coverage": None, "epochs_sealed": 0, "last_epoch": -1, "remote_errors": 0,
-              "last_error": None, "quarantined": [], "epochs": [], "files": listing}
+    status = idle_status(files=listing)
     rows = {line.split("  ")[0].strip(): line for line in format_status(status).splitlines()}
     assert rows["files"].endswith("6 Parquet files; --filter lang in ('en', 'de') and year >= 2024 leaves out 4")
 

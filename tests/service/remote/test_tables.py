@@ -10,7 +10,7 @@ import importlib.util
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pytest
@@ -122,17 +122,11 @@ def test_delta_options_from_fsspec_options() -> None:
     assert delta_options({}, "https://s3.example") == {"AWS_ENDPOINT_URL": "https://s3.example"}
 
 
-def test_status_shows_the_table() -> None:
+def test_status_shows_the_table(idle_status: Callable[..., dict[str, Any]]) -> None:
     table = {"format": "delta", "version": 3, "pinned": False, "files": 4, "rows": 65, "removed_files": 2,
              "seen_at": 1.0}
     assert TableStatus(**table).version == 3  # what /v1/status carries
-    status = {"source": "s3://b/t/", "cache_dir": "/c", "bytes": 0, "max_bytes": 1, "samples": 0, "shards": 0,
-              "disk_free": 1, "sampler": {"state": "sampling", "reason": None, "processes": 1, "in_flight": 0},
-              "ingest": {"samples_per_s": 0.0, "bytes_per_s": 0.0},
-              "remote": {"bytes_read": 0, "bytes_since_last_epoch": 0},
-              "pacing": {"mode": "epoch", "replace_per_epoch": 1.0, "max_ingest_rate": 0, "reason": None},
-              "jobs": 0, "coverage": None, "epochs_sealed": 0, "last_epoch": -1, "remote_errors": 0,
-              "last_error": None, "quarantined": [], "epochs": [], "files": None, "table": table}
+    status = idle_status(table=table)
     rows = {line.split("  ")[0].strip(): line for line in format_status(status).splitlines()}
     assert rows["table"].endswith("delta version 3 (newest), 4 live files, 65 rows; 2 files removed"), rows
 
