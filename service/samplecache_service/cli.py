@@ -34,6 +34,8 @@ def _setting_flags(p: argparse.ArgumentParser) -> None:
         kw: dict[str, Any] = {"dest": name, "default": None, "help": field.description}
         if name == "storage_options":
             kw["metavar"] = "JSON"
+        if name in ("source", "share"):  # --source URL, or --source NAME=URL many times; --share NAME=F many times
+            kw["action"] = "append"
         p.add_argument(_flag(name), **kw)
 
 
@@ -50,9 +52,34 @@ def _serve_parser(sub: Any) -> None:
 
 
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
-    from samplecache_service.config.settings import Settings
+    from samplecache_service.config.settings import Settings, named_pairs
 
-    return {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    flags = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    given = flags.pop("source", None) or []
+    bare = [u for u in given if not _is_named(u)]
+    if len(bare) > 1:
+        raise SystemExit(f"samplecache: --source given {len(bare)} bare URLs; name each source: --source NAME=URL")
+    if bare:
+        flags["source"] = bare[0]
+    named = [u for u in given if _is_named(u)]
+    if named:
+        flags["sources"] = {**_as_dict(flags.get("sources")), **named_pairs(named, "URL")}
+    return flags
+
+
+def _is_named(value: str) -> bool:
+    """``NAME=URL``, not a URL (whose own ``=`` comes after its scheme or a ``/``)."""
+    head, eq, _ = value.partition("=")
+    return bool(eq) and all(c.islower() or c.isdigit() or c in "_-" for c in head) and 0 < len(head) <= 64
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        from samplecache_service.config.settings import named_pairs
+        return dict(json.loads(value)) if value.strip().startswith("{") else named_pairs(value, "URL")
+    return dict(value)
 
 
 def _load(args: argparse.Namespace) -> Any:

@@ -9,10 +9,11 @@ import signal
 import threading
 import time
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from samplecache_service.config.redact import redact, shown_id
-from samplecache_service.config.settings import MIN_BUDGET, Settings
+from samplecache_service.config.settings import DEFAULT_SOURCE, MIN_BUDGET, Settings
 from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.epochs.leasing import Leasing
@@ -28,20 +29,23 @@ from samplecache_service.remote.planner import Planner
 from samplecache_service.remote.schemas import SchemaConflict
 from samplecache_service.remote.stores import FsspecRemote
 from samplecache_service.sampling.pacing import Pacer
+from samplecache_service.sampling.sampler import SampleResult
 from samplecache_service.sampling.scheduler import Scheduler
+from samplecache_service.sampling.sources import Source, overlapping, owner
 from samplecache_service.sampling.supervisor import Supervisor
 from samplecache_service.sampling.traffic import Traffic
-from samplecache_service.store.budget import Budget
+from samplecache_service.store.budget import Budget, ShareOf
 from samplecache_service.store.cachedir import (
     StartupError,
     check_identity,
     check_lmdb_file,
+    check_sources,
     lock_cache_dir,
     map_size_for,
     reset_cache,
 )
 from samplecache_service.store.cacheguard import INTERVAL_S, CacheGuard
-from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.catalog import Catalog, Shard
 from samplecache_service.store.disk import DiskSpace
 from samplecache_service.store.eviction import EvictionPlan, plan_eviction
 from samplecache_service.store.fileinfo import FileInfo
@@ -67,7 +71,9 @@ class Daemon:
         """``reset``: drop the cache dir's LMDB cache and staging files first (``serve --reset-cache``)."""
         self.settings = settings
         self.started = time.time()
-        self.source_shown = redact(settings.source or "")
+        self.named = settings.named_sources()  # name -> (URL, fraction of the budget)
+        first = next(iter(self.named.values()), ("", 1.0))[0]
+        self.source_shown = redact(settings.source or first)
         try:
             make_dir(settings.cache_dir)
             make_dir(settings.staging_dir)
@@ -97,36 +103,58 @@ class Daemon:
         self.writer = Writer(self.env, self.dbs, self.catalog)
         self.disk = DiskSpace(settings.cache_dir, self.env, self.dbs)
         self.cache_id = check_identity(self.catalog, self.writer, settings)
+        try:
+            check_sources(self.catalog, self.writer, {n: url for n, (url, _) in self.named.items()})
+        except StartupError:
+            self._close()
+            raise
         self.leases = LeaseTable(settings.lease_ttl, max_leases=settings.max_leases,
                                  max_per_job=settings.max_leases_per_job)
         self.jobs = JobTable(settings.lease_ttl)
         self.jobs.load(self.catalog.meta("jobs", []) or [])
-        self.remote = FsspecRemote(settings.source, settings.storage_options, settings.table_version,
-                                   settings.table_as_of) if settings.source else None
+        remotes = {n: FsspecRemote(url, settings.storage_options, settings.table_version, settings.table_as_of)
+                   for n, (url, _) in self.named.items()}
+        both = overlapping({n: r.root for n, r in remotes.items()})
+        if both:
+            self._close()
+            raise StartupError("sources " + ", ".join(f"{a!r} and {b!r}" for a, b in both) + " lie one within the "
+                               "other: their files cannot be told apart; give each its own prefix")
         self.traffic = Traffic(Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate)),
-                               lambda: self.remote.bytes_read if self.remote is not None else 0)
+                               lambda: sum(r.bytes_read for r in remotes.values()))
         rules = EpochRules(wait_max=settings.epoch_wait_max, max_samples=settings.epoch_max_samples,
                            keep_last=settings.epochs_kept, headroom=settings.epoch_headroom, seed=settings.seed)
         self.epochs = EpochManager(self.catalog, self.writer, self.leases, self.jobs, self.budget,
                                    self._manifest_fields, rules,
                                    on_new_epoch=lambda epoch: self.traffic.epoch_started(self.budget.max_bytes),
-                                   not_ready=self._not_discovered)
+                                   not_ready=self._not_discovered, shares=self.epoch_shares)
         self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
-        try:
-            self.discovery = Discovery(self.remote, self.catalog, self.writer, settings.columns,
-                                       settings.part_bytes, settings.schema_file,
-                                       settings.filter) if self.remote else None
-        except (SchemaConflict, FilterError) as e:
-            self.writer.close()
-            self.env.close()
-            os.close(self._lock_fd)
-            raise StartupError(str(e)) from None
-        # the samplers' results go to the scheduler, built next (the supervisor starts in start())
-        self.supervisor = Supervisor(settings.samplers, lambda result: self.scheduler.on_result(result))
-        self.scheduler = Scheduler(settings, self.catalog, self.writer, self.disk, self.traffic, self.supervisor,
-                                   self.budget, self.discovery, pinned_epochs=self.epochs.pinned_epochs,
-                                   make_room=self.make_room, expire_leases=self.leasing.expire, die=self.health.die,
-                                   source_shown=self.source_shown)
+        # the samplers' results go to their source's scheduler, built next (the supervisor starts in start())
+        self.supervisor = Supervisor(settings.samplers, self._on_result)
+        self.sources: dict[str, Source] = {}
+        several = len(self.named) > 1 or DEFAULT_SOURCE not in self.named
+        for name, (url, fraction) in self.named.items():
+            try:
+                discovery = Discovery(remotes[name], self.catalog, self.writer, settings.columns, settings.part_bytes,
+                                      settings.schema_file, settings.filter, source=name)
+            except (SchemaConflict, FilterError) as e:
+                self._close()
+                raise StartupError(f"source {name!r}: {e}" if several else str(e)) from None
+            share = ShareOf(self.budget, fraction)
+            shown = redact(url)
+            scheduler = Scheduler(settings, self.catalog, self.writer, self.disk, self.traffic, self.supervisor,
+                                  share, discovery, pinned_epochs=self.epochs.pinned_epochs, make_room=self.make_room,
+                                  expire_leases=self.leasing.expire, die=self.health.die, source_shown=shown,
+                                  name=name, url=url, owns=owner(remotes[name]) if several else None,
+                                  slots=self._slots)
+            self.sources[name] = Source(name, shown, share, remotes[name], discovery, scheduler)
+        # the first source answers where the daemon speaks of one (the default source, when there is one)
+        first_source = next(iter(self.sources.values()), None)
+        self.remote = first_source.remote if first_source else None
+        self.discovery = first_source.discovery if first_source else None
+        self.scheduler = first_source.scheduler if first_source else Scheduler(
+            settings, self.catalog, self.writer, self.disk, self.traffic, self.supervisor, self.budget, None,
+            pinned_epochs=self.epochs.pinned_epochs, make_room=self.make_room, expire_leases=self.leasing.expire,
+            die=self.health.die)
         self.history = History()  # the status page's charts (GET /)
         self.recorder = Recorder(self.catalog, self.budget, self.scheduler, self.traffic, self.history)
         self.health.add_check("writer",
@@ -182,26 +210,64 @@ class Daemon:
     def evicted_shards(self) -> int:
         return self.scheduler.evicted_shards
 
+    def _close(self) -> None:
+        """Undo the opening of the cache (a start that fails after it)."""
+        self.writer.close()
+        self.env.close()
+        os.close(self._lock_fd)
+
+    def _on_result(self, result: SampleResult) -> None:
+        """A sampler's result, to its source's scheduler (on the supervisor's thread)."""
+        source = self.sources.get(result.task.name)
+        (source.scheduler if source is not None else self.scheduler).on_result(result)
+
+    def _slots(self) -> int:
+        """Units one source may have out at the samplers: an equal part of twice their number among the sources
+        that sample now, so no source takes every sampler."""
+        busy = sum(1 for s in self.sources.values() if s.scheduler.planner is not None and not s.scheduler.complete)
+        return max(1, -(-2 * self.supervisor.size // max(1, busy)))
+
+    def epoch_shares(self) -> dict[str, float]:
+        """The sources a new epoch names, each with its fraction of the budget."""
+        return {n: s.share.fraction for n, s in self.sources.items() if s.ready()}
+
     # -- start / stop ------------------------------------------------------------------------
     def check_remote(self) -> None:
-        """Fail fast at start when a fresh cache's source is unusable (raises StartupError)."""
-        if self.remote is None:
-            raise StartupError("source is not set: pass --source URL or SAMPLECACHE_SOURCE")
+        """Fail fast at start when a fresh cache's source is unusable (raises StartupError). With several
+        sources, the start fails only when none can be read: the others are retried while they sample."""
+        if not self.sources:
+            raise StartupError("source is not set: pass --source URL (or --source NAME=URL, many times) or "
+                               "SAMPLECACHE_SOURCE")
         if self.max_bytes < MIN_BUDGET:
             raise StartupError(f"max_bytes {self.max_bytes} is too small for one block of rows: --max-bytes / "
                                f"SAMPLECACHE_MAX_BYTES of at least {MIN_BUDGET} fits")
-        if not self.catalog.files() or self.schema is None:
-            self.scheduler.discover(at_start=True)
-            if self.scheduler.planner is None:
+        failed: list[str] = []
+        for source in self.sources.values():
+            if source.discovery is not None and (not self.catalog.files() or source.scheduler.schema() is None):
+                source.scheduler.discover(at_start=len(self.sources) == 1)
+                if source.scheduler.planner is None:
+                    failed.append(f"{source.name} ({source.shown}): {source.scheduler.last_error}")
+        if len(failed) == len(self.sources):
+            if len(self.sources) == 1:
                 raise StartupError(self.last_error or f"cannot read source {self.source_shown!r}")
+            raise StartupError("no source can be read: " + "; ".join(failed))
+        for why in failed:
+            log.warning("source %s cannot be read yet; retried while the others sample", why,
+                        extra={"event": "source_failed"})
 
     def start(self) -> None:
         self._recover_staging()
         self.supervisor.start()
-        t = threading.Thread(target=self.health.run_loop, args=("scheduler", self.scheduler.step, self._stop),
-                             kwargs={"interval": 0.0}, name="samplecache-scheduler", daemon=True)
-        t.start()
-        self._threads.append(t)
+        # one thread per source: a source whose remote hangs never holds up another's
+        for name, source in self.sources.items():
+            label = "scheduler" if len(self.sources) == 1 else f"scheduler {name}"
+            t = threading.Thread(target=self.health.run_loop, args=(label, source.scheduler.step, self._stop),
+                                 kwargs={"interval": 0.0}, name=f"samplecache-{label.replace(' ', '-')}",
+                                 daemon=True)
+            t.start()
+            self._threads.append(t)
+        if set(self.catalog.resident_sources()) - set(self.sources):  # a source removed: its shards may go
+            self.writer.evict(self.make_room, "removed").add_done_callback(self.scheduler.count_evicted)
         t = threading.Thread(target=self.health.run_loop, name="samplecache-history", daemon=True,
                              args=("history", self.recorder.step, self._stop, self.history.interval))
         t.start()
@@ -244,25 +310,50 @@ class Daemon:
             log.info("recovered %d staging file(s) from the previous run", n, extra={"event": "staging_recovered"})
 
     # -- budget ------------------------------------------------------------------------------
-    def make_room(self, incoming: int) -> EvictionPlan:
-        """Which shards to evict so ``incoming`` more bytes fit (runs on the writer thread): first every unpinned
-        shard of a file no longer live in its table, then what the policy picks."""
+    def make_room(self, incoming: int, source: str | None = None) -> EvictionPlan:
+        """Which shards to evict so ``incoming`` more bytes of ``source`` fit within its share (runs on the writer
+        thread; None: every source within its share, for nothing incoming): first every unpinned shard of a file
+        no longer live in its table, then what the policy picks. A removed source's share is 0."""
         shards, pinned, removed = self.catalog.shards(), self.epochs.pinned_shards(), self.catalog.removed_files()
         stale = [s for s in shards if s.id not in pinned and s.path in removed] if removed else []
         if stale:
             ids = {s.id for s in stale}
             shards = [s for s in shards if s.id not in ids]
-        # the kept manifests count within the budget
-        plan = plan_eviction(shards, pinned, self.max_bytes - self.catalog.manifest_total, incoming, self.policy,
-                             self.settings.seed)
+        by_source: dict[str, list[Shard]] = {}
+        for s in shards:
+            by_source.setdefault(s.source, []).append(s)
+        names = [source] if source is not None else sorted(set(by_source) | set(self.sources))
+        evict: tuple[int, ...] = ()
+        freed, fits = 0, True
+        for name in names:
+            fraction = self.sources[name].share.fraction if name in self.sources else 0.0
+            # the kept manifests count within the budget, each source for its share
+            room = int((self.max_bytes - self.catalog.manifest_total) * fraction)
+            plan = plan_eviction(by_source.get(name, []), pinned, room, incoming if source is not None else 0,
+                                 self.policy, self.settings.seed)
+            evict, freed, fits = evict + plan.evict, freed + plan.freed, fits and plan.fits
         if not stale:
-            return plan
-        return EvictionPlan(tuple(s.id for s in stale) + plan.evict, plan.freed + sum(s.bytes for s in stale),
-                            plan.fits)
+            return EvictionPlan(evict, freed, fits)
+        return EvictionPlan(tuple(s.id for s in stale) + evict, freed + sum(s.bytes for s in stale), fits)
 
     # -- control: every change runs on the scheduler's thread ----------------------------------------
     def set_paused(self, paused: bool) -> "Future[None]":
-        return self.scheduler.call(lambda: self.scheduler.set_paused(paused))
+        """Pause (or resume) every source's sampling; the future is done once each scheduler took it."""
+        futures = [s.scheduler.call(partial(s.scheduler.set_paused, paused)) for s in self.sources.values()]
+        done: Future[None] = Future()
+
+        def settle(_: Any) -> None:
+            if all(f.done() for f in futures) and not done.done():
+                errors = [e for e in (f.exception() for f in futures) if e is not None]
+                if errors:
+                    done.set_exception(errors[0])
+                else:
+                    done.set_result(None)
+        for f in futures:
+            f.add_done_callback(settle)
+        if not futures:
+            done.set_result(None)
+        return done
 
     def configure(self, **changes: Any) -> "Future[None]":
         """Change runtime settings (validated; the future raises errors.Invalid or errors.Conflict with what fits)."""
@@ -270,8 +361,10 @@ class Daemon:
             configure(self.budget, self.catalog, self.epochs, self.traffic.pacer, self.map_size, **changes)
             if changes.get("max_bytes") is not None or changes.get("policy") is not None:
                 self.writer.evict(self.make_room).add_done_callback(self.scheduler.count_evicted)
-                self.scheduler.complete = False
-            self.scheduler.refresh_reason()
+                for source in self.sources.values():
+                    source.scheduler.complete = False
+            for source in self.sources.values():
+                source.scheduler.call(source.scheduler.refresh_reason)
         return self.scheduler.call(change)
 
     def runtime_config(self) -> dict[str, Any]:
@@ -303,22 +396,37 @@ class Daemon:
 
 
     def _not_discovered(self) -> str | None:
-        """Why no epoch can be sealed yet: the source's schema is not known (discovery has not listed it); or, on a
+        """Why no epoch can be sealed yet: no source can be served (see ``_not_discovered_one``)."""
+        if len(self.sources) <= 1:
+            return self._not_discovered_one(self.discovery)
+        if any(s.ready() for s in self.sources.values()):
+            return None
+        return "no source is ready: " + "; ".join(
+            f"{n}: {self._not_discovered_one(s.discovery, s.scheduler) or 'not listed yet'}"
+            for n, s in self.sources.items())
+
+    def _not_discovered_one(self, d: Discovery | None, scheduler: Scheduler | None = None) -> str | None:
+        """Why one source cannot be served yet: its schema is not known (discovery has not listed it); or, on a
         warm cache of a table or with a filter, this run has not listed the source yet: until it has, the files
         that left the table (or the filter) while the daemon was stopped are not known, and would be served."""
-        d = self.discovery
+        scheduler = scheduler or self.scheduler
+        last_error = redact(scheduler.last_error) if scheduler.last_error else None
         if d is not None and d.refused:
             return f"the source's table cannot be served as it is now: {d.refused}"
-        if self.schema is not None and not (d is not None and d.listed_at is None and d.prunes()):
+        if scheduler.schema() is not None and not (d is not None and d.listed_at is None and d.prunes()):
             return None
-        return f"the source is not discovered yet: {self.last_error or 'discovering'}"
+        return f"the source is not discovered yet: {last_error or 'discovering'}"
 
     # -- reporting -----------------------------------------------------------------------------------
     def _manifest_fields(self) -> dict[str, Any]:
         """What every manifest says besides its shards (called once per seal, just before it)."""
-        assert self.schema is not None
-        return {"schema": self.schema.to_json(), "lmdb_path": str(self.settings.lmdb_path),
-                "skipped_columns": self.discovery.skipped if self.discovery else {},
-                "map_size": self.map_size, "seed": self.settings.seed, "source": self.source_shown,
-                "cache_id": self.cache_id,
+        served = [s for s in self.sources.values() if s.ready()] or list(self.sources.values())
+        main = next(s for s in served if s.scheduler.schema() is not None)
+        sources = {s.name: {"schema": s.scheduler.schema().to_json(), "url": s.shown,
+                            "skipped_columns": s.discovery.skipped if s.discovery else {}}
+                   for s in served if s.scheduler.schema() is not None}
+        return {"schema": main.scheduler.schema().to_json(), "lmdb_path": str(self.settings.lmdb_path),
+                "skipped_columns": main.discovery.skipped if main.discovery else {},
+                "map_size": self.map_size, "seed": self.settings.seed, "source": main.shown,
+                "cache_id": self.cache_id, "sources": sources,
                 "remote_bytes": self.traffic.sealing()}

@@ -13,6 +13,7 @@ from samplecache.format.record import FORMAT_VERSION
 
 # One shard table row: [shard id, rows, bytes, rows per block].
 ShardRow = tuple[int, int, int, int]
+DEFAULT_SOURCE = "default"  # the source of every shard of a manifest that names none (one source)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,33 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     # the identity of the cache it was sealed from ("": sealed before caches had one; the reader then skips its check)
     cache_id: str = ""
+    # the named sources of its shards: name -> {"schema", "skipped_columns", "url"}; empty: one source, "default",
+    # whose schema is ``schema``
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # each shard's source as an index into sorted(sources), packed (pack_indices); "": every shard is the first's
+    shard_sources: str = ""
+
+    def source_names(self) -> list[str]:
+        """The sources its shards come from, in the order ``source_of`` indexes them."""
+        return sorted(self.sources) if self.sources else [DEFAULT_SOURCE]
+
+    def source_of(self) -> np.ndarray:
+        """Each shard's source, as an index into ``source_names()`` (int64, one per shard table row)."""
+        n = len(self.table())
+        if not self.shard_sources:
+            return np.zeros(n, np.int64)
+        got = unpack_indices(self.shard_sources)
+        if len(got) != n:
+            raise ValueError(f"manifest of epoch {self.epoch}: {len(got)} shard sources for {n} shards")
+        return got
+
+    def source_schema(self, name: str) -> dict[str, Any]:
+        """The schema of source ``name``'s shards (KeyError naming the sources it has)."""
+        if not self.sources and name == DEFAULT_SOURCE:
+            return self.schema
+        if name not in self.sources:
+            raise KeyError(f"epoch {self.epoch} holds no source {name!r}; it holds {self.source_names()}")
+        return dict(self.sources[name]["schema"])
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -71,6 +99,15 @@ def pack_shard_table(shards: Sequence[Sequence[int]]) -> str:
     if table.shape[1]:
         table[0, 1:] = np.diff(table[0])
     return base64.b64encode(zlib.compress(table.astype("<i8").tobytes(), 6)).decode()
+
+
+def pack_indices(values: Sequence[int] | np.ndarray) -> str:
+    """Small non-negative ints (each shard's source) as base64 of zlib'd uint16."""
+    return base64.b64encode(zlib.compress(np.asarray(values, dtype="<u2").tobytes(), 6)).decode()
+
+
+def unpack_indices(packed: str) -> np.ndarray:
+    return np.frombuffer(zlib.decompress(base64.b64decode(packed)), "<u2").astype(np.int64)
 
 
 def unpack_shard_table(packed: str) -> np.ndarray:

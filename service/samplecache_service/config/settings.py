@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import ByteSize, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -35,6 +35,34 @@ _SIZE = re.compile(r"\s*\d*\.?\d+\s*[A-Za-z]*\s*")
 
 
 _from_file: ContextVar[dict[str, Any]] = ContextVar("samplecache_config_file", default={})
+
+
+DEFAULT_SOURCE = "default"  # the name of a bare --source URL (and of a cache made before sources had names)
+SOURCE_NAME = re.compile(r"[a-z0-9_-]{1,64}")
+_NAMED = re.compile(r"([a-z0-9_-]{1,64})=(.+)", re.S)
+
+
+class SourceSpec(BaseModel):
+    """One named source: its fsspec URL and its share of ``max_bytes`` (None: an equal part of what the set shares
+    leave)."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(min_length=1)
+    share: float | None = Field(None, gt=0, le=1)
+
+
+def named_pairs(value: Any, what: str) -> dict[str, str]:
+    """``NAME=VALUE`` items (a list, or one comma-separated text) as a dict; a bad name is a ValueError."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out: dict[str, str] = {}
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        m = _NAMED.fullmatch(item)
+        if m is None:
+            raise ValueError(f"{item!r} is not NAME={what} (a name is 1-64 characters of a-z, 0-9, _ and -)")
+        out[m.group(1)] = m.group(2).strip()
+    return out
 
 
 # the eviction policies by name (store/eviction.py maps each to its order)
@@ -94,6 +122,13 @@ class Settings(BaseSettings):
 
     source: str = Field("", description="fsspec URL of a prefix, directory or glob of Parquet files "
                         "(s3://, gs://, file://, ...)")
+    sources: Annotated[dict[str, SourceSpec], NoDecode] = Field(
+        default_factory=dict, description="Named sources, each with its share of max_bytes: --source NAME=URL (many "
+        "times), SAMPLECACHE_SOURCES=NAME=URL,... or a JSON object, or [sources.NAME] tables (url, share) in the "
+        "config file; a bare --source URL is the source named default")
+    share: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=dict, description="Named sources' shares of max_bytes: NAME=FRACTION (many times, or "
+        "comma-separated); sources without one split what the others leave equally")
     cache_dir: Path = Field(Path("./samplecache-data"), description="Directory of the LMDB cache and the staging files")
     max_bytes: ByteSize = Field(ByteSize(10 * 2**30), description="Budget of resident sample bytes (e.g. 500GB, 2GiB)")
     min_free_disk: ByteSize = Field(ByteSize(2**30), description="Stop growing when the cache filesystem has less "
@@ -192,6 +227,63 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return [c.strip() for c in v.split(",") if c.strip()] or None
         return v
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _named_sources(cls, v: Any) -> Any:
+        if isinstance(v, (str, bytes)):
+            text = v.decode() if isinstance(v, bytes) else v
+            v = json.loads(text) if text.strip().startswith("{") else named_pairs(text, "URL")
+        elif isinstance(v, list):
+            v = named_pairs(v, "URL")
+        if not isinstance(v, dict):
+            raise ValueError("must be NAME=URL items or a table of sources")
+        for name in v:
+            if not SOURCE_NAME.fullmatch(str(name)):
+                raise ValueError(f"source name {name!r}: a name is 1-64 characters of a-z, 0-9, _ and -")
+        return {k: {"url": s} if isinstance(s, str) else s for k, s in v.items()}
+
+    @field_validator("share", mode="before")
+    @classmethod
+    def _shares(cls, v: Any) -> Any:
+        if isinstance(v, (str, bytes, list)):
+            text = v.decode() if isinstance(v, bytes) else v
+            v = json.loads(text) if isinstance(text, str) and text.strip().startswith("{") else named_pairs(
+                text, "FRACTION")
+        return v
+
+    @model_validator(mode="after")
+    def _source_shares(self) -> "Settings":
+        self.named_sources()  # raises ValueError naming what is wrong
+        return self
+
+    def named_sources(self) -> dict[str, tuple[str, float]]:
+        """Each source's (URL, fraction of max_bytes): a bare ``source`` is ``default``. Shares that add up to
+        more than 1, or that leave nothing for a source without one, are a ValueError naming them."""
+        specs = dict(self.sources)
+        if self.source:
+            if DEFAULT_SOURCE in specs:
+                raise ValueError(f"a bare --source URL is the source named {DEFAULT_SOURCE!r}, which sources "
+                                 f"also names: give one of them")
+            specs = {DEFAULT_SOURCE: SourceSpec(url=self.source), **specs}
+        unknown = sorted(set(self.share) - set(specs))
+        if unknown:
+            raise ValueError(f"share names unknown source(s) {unknown}; the sources are {sorted(specs)}")
+        shares = {n: self.share.get(n, s.share) for n, s in specs.items()}
+        for n, f in shares.items():
+            if f is not None and not 0 < f <= 1:
+                raise ValueError(f"source {n!r}: share {f} is not in (0, 1]")
+        given = {n: f for n, f in shares.items() if f is not None}
+        total = sum(given.values())
+        if total > 1 + 1e-9:
+            raise ValueError(f"the sources' shares add up to {total:g}, more than 1: "
+                             + ", ".join(f"{n}={f:g}" for n, f in sorted(given.items())))
+        rest = [n for n, f in shares.items() if f is None]
+        if rest and total >= 1 - 1e-9:
+            raise ValueError(f"the shares set ({', '.join(f'{n}={f:g}' for n, f in sorted(given.items()))}) leave "
+                             f"nothing for {rest}: give them shares, or lower the others")
+        each = (1 - total) / len(rest) if rest else 0.0
+        return {n: (s.url, given.get(n, each)) for n, s in specs.items()}
 
     @field_validator("log_level")
     @classmethod
@@ -308,7 +400,9 @@ class Settings(BaseSettings):
         d = self.model_dump(mode="json")
         d["token"] = "set" if self.token else None
         d["storage_options"] = sorted(self.storage_options)
+        from samplecache_service.config.redact import redact
         if self.source:
-            from samplecache_service.config.redact import redact
             d["source"] = redact(self.source)
+        for spec in d["sources"].values():
+            spec["url"] = redact(spec["url"])
         return d

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from samplecache.format.manifest import Manifest
+from samplecache.format.manifest import DEFAULT_SOURCE, Manifest, pack_indices
 from samplecache_service.epochs.jobs import PIN_GRACE_S, JobTable
 from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.errors import Conflict, Gone, NotReady
@@ -51,9 +51,16 @@ def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) 
 
 def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb_path: str,
                    map_size: int, seed: int, source: str, previous: set[int], remote_bytes: int = 0,
-                   skipped_columns: dict[str, str] | None = None, cache_id: str = "") -> dict[str, Any]:
-    """The manifest of ``epoch``: shards in id (= age) order."""
+                   skipped_columns: dict[str, str] | None = None, cache_id: str = "",
+                   sources: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The manifest of ``epoch``: shards in id (= age) order. ``sources``: each named source's schema, skipped
+    columns and URL; a one-source daemon (only ``default``) leaves them out, as before sources had names."""
+    named = dict(sources or {})
+    if set(named) <= {DEFAULT_SOURCE} and all(s.source == DEFAULT_SOURCE for s in shards):
+        named = {}
+    index = {n: i for i, n in enumerate(sorted(named))}
     return Manifest(
+        sources=named, shard_sources=pack_indices([index[s.source] for s in shards]) if named else "",
         epoch=epoch, seed=seed, source=source, lmdb_path=lmdb_path, map_size=map_size, schema=schema,
         cache_id=cache_id,
         skipped_columns=dict(skipped_columns or {}), sealed_at=time.time(),
@@ -78,15 +85,18 @@ class EpochManager:
     def __init__(self, catalog: Catalog, writer: Writer, leases: LeaseTable, jobs: JobTable, budget: Budget,
                  manifest_fields: Callable[[], dict[str, Any]], rules: EpochRules,
                  on_new_epoch: Callable[[int], None] = lambda epoch: None,
-                 not_ready: Callable[[], str | None] = lambda: None) -> None:
+                 not_ready: Callable[[], str | None] = lambda: None,
+                 shares: Callable[[], dict[str, float]] = lambda: {DEFAULT_SOURCE: 1.0}) -> None:
         """``manifest_fields``: what every manifest says besides its shards (called once per seal);
         ``on_new_epoch``: a new epoch was granted its share of replacement (see ``grant``); ``not_ready``: why no
-        epoch can be sealed yet (the source not discovered), or None."""
+        epoch can be sealed yet (no source discovered), or None; ``shares``: the sources a new epoch names, each
+        with its fraction of the budget (a removed source, or one not listed yet, is not named)."""
         self.catalog, self.writer, self.leases, self.jobs, self.budget = catalog, writer, leases, jobs, budget
         self.manifest_fields = manifest_fields
         self.rules = rules
         self.on_new_epoch = on_new_epoch
         self.not_ready = not_ready
+        self.shares = shares
         self._unread: dict[int, float] = {}  # epochs that were granted a share and have no lease yet -> when
         self._unread_lock = threading.Lock()  # leases are settled on the writer thread
         self._fresh: dict[int, float] = {}  # epochs sealed and not leased yet -> when (their own short pin)
@@ -104,12 +114,20 @@ class EpochManager:
         is where new shards go until the next epoch; without it a full, leased cache could never take in new
         data. Shards of a file no longer live in its table are never named, even while a lease keeps them."""
         removed = self.catalog.removed_files()
-        shards = [s for s in self.catalog.shards() if s.path not in removed]
-        if not shards:
-            return []
-        keep = int(self.budget.max_bytes * (1.0 - self.rules.headroom))
-        drop = set(plan_eviction(shards, (), keep, 0, self.budget.policy, self.rules.seed).evict)
-        return [s for s in shards if s.id not in drop] or shards[-1:]
+        shares = self.shares()
+        by_source: dict[str, list[Shard]] = {}
+        for s in self.catalog.shards():
+            if s.path not in removed:
+                by_source.setdefault(s.source, []).append(s)
+        out: list[Shard] = []
+        for name, fraction in shares.items():  # each source's headroom within its own share
+            shards = by_source.get(name, [])
+            if not shards:
+                continue
+            keep = int(self.budget.max_bytes * fraction * (1.0 - self.rules.headroom))
+            drop = set(plan_eviction(shards, (), keep, 0, self.budget.policy, self.rules.seed).evict)
+            out += [s for s in shards if s.id not in drop] or shards[-1:]
+        return sorted(out, key=lambda s: s.id) if len(shares) > 1 else out
 
     def last_sealed(self) -> int:
         eps = self.catalog.epochs()

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from samplecache.version import __version__
+from samplecache_service.config.redact import redact
 from samplecache_service.config.settings import Settings
 from samplecache_service.daemon import Daemon
 from samplecache_service.errors import Conflict, Gone, Invalid, NotFound, NotReady, ServiceError, TooMany
@@ -24,9 +25,10 @@ from samplecache_service.http.auth import resolve_token
 from samplecache_service.http.deps import DaemonDep
 from samplecache_service.http.gate import RequestGate
 from samplecache_service.http.metrics import add_metrics
-from samplecache_service.http.models import Health, Problem, SchemaOut, Status
+from samplecache_service.http.models import Health, Problem, SchemaOut, SourceStatus, Status
 from samplecache_service.http.routes import control, epochs, jobs, quarantine
-from samplecache_service.http.status import status_of
+from samplecache_service.http.status import sources_of, status_of
+from samplecache_service.store.catalog import source_key
 
 ERRORS: dict[int | str, dict[str, Any]] = {503: {"model": Problem}}
 STATUS: dict[type[ServiceError], int] = {Invalid: 422, NotFound: 404, Conflict: 409, Gone: 410, TooMany: 429,
@@ -102,6 +104,8 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
         problems = d.health.problems()
         if problems:
             return JSONResponse({"detail": "; ".join(problems)}, 503)
+        if len(d.sources) > 1:
+            return Health(sources={n: redact(s.problem() or "ok") for n, s in d.sources.items()})
         return Health()
 
     @app.get("/readyz", response_model=Health, responses=ERRORS, tags=["health"])
@@ -114,11 +118,22 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
     async def status(d: DaemonDep) -> Status:
         return status_of(d)
 
+    @app.get("/v1/sources", response_model=list[SourceStatus], tags=["cache"])
+    async def sources(d: DaemonDep) -> list[SourceStatus]:
+        """Each named source: URL, share, what it holds, coverage, remote bytes, errors, quarantined files."""
+        return sources_of(d)
+
     @app.get("/v1/schema", response_model=SchemaOut, responses=ERRORS, tags=["cache"])
-    async def schema(d: DaemonDep) -> Any:
-        if d.schema is None:
-            return JSONResponse({"detail": f"schema not known yet: {d.last_error or 'discovering the source'}"}, 503)
-        return SchemaOut(**d.schema.to_json(), skipped_columns=d.discovery.skipped if d.discovery else {},
-                         arrow_schema=d.catalog.meta("arrow_schema"))
+    async def schema(d: DaemonDep, source: str | None = None) -> Any:
+        """The schema of ``source`` (default: the first source; ``GET /v1/sources`` names them)."""
+        if source is not None and source not in d.sources:
+            raise NotFound(f"no source {source!r}; the sources are {sorted(d.sources)}")
+        src = d.sources[source] if source is not None else next(iter(d.sources.values()), None)
+        got = src.scheduler.schema() if src is not None else None
+        if got is None or src is None:
+            why = (src.scheduler.last_error if src is not None else None) or "discovering the source"
+            return JSONResponse({"detail": f"schema not known yet: {redact(why)}"}, 503)
+        return SchemaOut(**got.to_json(), skipped_columns=src.discovery.skipped if src.discovery else {},
+                         arrow_schema=d.catalog.meta(source_key(src.name, "arrow_schema")))
 
     return app

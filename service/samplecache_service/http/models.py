@@ -44,6 +44,8 @@ class AuthStatus(BaseModel):
 
 class Health(BaseModel):
     ok: bool = True
+    sources: dict[str, str] | None = Field(None, description="With several sources: each one's problem, or ok (a "
+                                           "failing source leaves the daemon serving the others: 200)")
 
 
 class EpochSummary(BaseModel):
@@ -116,6 +118,29 @@ class TableStatus(BaseModel):
     seen_at: float | None = Field(description="When that version was read (Unix time)")
 
 
+class SourceStatus(BaseModel):
+    """One named source: what it holds of its share, and how its sampling goes."""
+
+    name: str
+    url: str = Field(description="Its URL, credentials masked")
+    share: float = Field(description="Its fraction of max_bytes")
+    max_bytes: int = Field(description="Its share of the budget, in bytes")
+    bytes: int
+    samples: int
+    shards: int
+    state: str = Field(description="discovering | remote error | crash loop | paused | sampling")
+    reason: str | None = Field(None, description="Why it does not sample now, if it does not")
+    problem: str | None = Field(None, description="What is wrong with it (a failing remote, every file "
+                                "quarantined), also in /healthz")
+    coverage: dict[str, Any] | None
+    remote_bytes: int = Field(description="Bytes its listings and footers read from the remote")
+    remote_errors: int
+    last_error: str | None
+    quarantined: int = Field(description="Its quarantined files")
+    skipped_columns: dict[str, str] = Field(default_factory=dict)
+    ready: bool = Field(description="Whether a new epoch names its shards")
+
+
 class Status(BaseModel):
     version: str
     uptime_s: float
@@ -159,6 +184,8 @@ class Status(BaseModel):
     auth: AuthStatus = Field(description="Whether mutations need the token, and where a client on this host reads it")
     health: dict[str, Any] = Field(default_factory=dict, description="Problems (what /healthz reports), failures per "
                                    "background thread, failed sampling tasks per cause")
+    sources: list[SourceStatus] = Field(default_factory=list, description="Each named source (one, default, for "
+                                        "a bare --source)")
 
 
 class SchemaOut(BaseModel):

@@ -6,8 +6,9 @@ import time
 from typing import TYPE_CHECKING
 
 from samplecache.version import __version__
+from samplecache_service.config.redact import redact
 from samplecache_service.http.auth import auth_status
-from samplecache_service.http.models import EpochSummary, Status
+from samplecache_service.http.models import EpochSummary, SourceStatus, Status
 
 EPOCHS_SHOWN = 20  # the latest epochs' summaries in /v1/status
 LEASES_SHOWN = 50  # the newest live leases in /v1/status (the rest are counted; GET /v1/jobs/{name} lists a job's)
@@ -69,4 +70,23 @@ def status_of(d: "Daemon") -> Status:
         health={"problems": d.health.problems(), "threads": d.health.snapshot(),
                 "unit_failures": dict(d.scheduler.unit_failures), "units_given_up": d.scheduler.units_given_up,
                 "failed_events": d.scheduler.inbox.failed_events},
-        jobs=d.jobs.active(), pinned_epochs=sorted(d.epochs.pinned_epochs()), lmdb=lmdb_usage(d))
+        jobs=d.jobs.active(), pinned_epochs=sorted(d.epochs.pinned_epochs()), lmdb=lmdb_usage(d),
+        sources=sources_of(d))
+
+
+def sources_of(d: "Daemon") -> list[SourceStatus]:
+    """Each named source's status (``GET /v1/sources``, and ``sources`` in ``/v1/status``)."""
+    files = d.catalog.files()
+    out = []
+    for name, src in d.sources.items():
+        s, held = src.scheduler, d.catalog.resident(name)
+        quarantined = sum(1 for p, i in files.items() if i.quarantined and s.owns(p))
+        out.append(SourceStatus(
+            name=name, url=src.shown, share=src.share.fraction, max_bytes=src.share.max_bytes, bytes=held.bytes,
+            samples=held.rows, shards=held.shards, state=s.state(),
+            reason=redact(s.paused_reason) if s.paused_reason else None, problem=src.problem(),
+            coverage=s.coverage(), remote_bytes=src.remote.bytes_read if src.remote is not None else 0,
+            remote_errors=s.remote_errors, last_error=redact(s.last_error) if s.last_error else None,
+            quarantined=quarantined, skipped_columns=src.discovery.skipped if src.discovery else {},
+            ready=src.ready()))
+    return out

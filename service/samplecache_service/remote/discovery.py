@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from samplecache.format.record import Schema
+from samplecache_service.config.settings import DEFAULT_SOURCE
 from samplecache_service.remote.columns import UnsupportedColumn, infer_schema
 from samplecache_service.remote.filters import FilterError, parse_filter
 from samplecache_service.remote.partitions import check_values, partition_types, with_partitions
@@ -33,7 +34,7 @@ from samplecache_service.remote.stores import (
     classify_error,
     skipped_files,
 )
-from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.catalog import Catalog, source_key
 from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.writer import Writer
 
@@ -45,17 +46,19 @@ FOOTER_THREADS = 8
 class Discovery:
     def __init__(self, remote: RemoteStore, catalog: Catalog, writer: Writer, columns: list[str] | None,
                  unit_bytes: int = 64 << 20, schema_file: Path | None = None,
-                 partition_filter: str | None = None) -> None:
+                 partition_filter: str | None = None, source: str = DEFAULT_SOURCE) -> None:
+        """``source``: the named source listed (its schema and table format are its own meta keys)."""
         self.remote, self.catalog, self.writer, self.columns = remote, catalog, writer, columns
+        self.source = source
         # only files whose partition values match are sampled (FilterError at start when it is not a filter)
         self.filter = parse_filter(partition_filter) if partition_filter else None
         self.outside_filter = 0  # files of the last listing that the filter left out
         self._types: dict[str, pa.DataType] = {}  # partition columns' types, over the last listing
         self.unit_bytes = unit_bytes
-        raw = catalog.meta("schema")
+        raw = catalog.meta(source_key(self.source, "schema"))
         self.schema: Schema | None = Schema.from_json(raw) if raw else None
-        self.skipped: dict[str, str] = catalog.meta("skipped_columns", {}) or {}
-        text = catalog.meta("arrow_schema_ipc")
+        self.skipped: dict[str, str] = catalog.meta(source_key(self.source, "skipped_columns"), {}) or {}
+        text = catalog.meta(source_key(self.source, "arrow_schema_ipc"))
         self.target: pa.Schema | None = from_text(text) if text else None  # the dataset's Arrow schema
         self._target_text: tuple[pa.Schema, str] | None = None
         # the last listing: its Parquet files, and the other files it skipped (README.txt, _SUCCESS, data.csv)
@@ -95,7 +98,7 @@ class Discovery:
     def prunes(self) -> bool:
         """Whether a listing can take cached files out of the dataset: the source is a table (as this cache knew
         it), or a filter is set."""
-        return self.filter is not None or bool(self.catalog.meta("table_format"))
+        return self.filter is not None or bool(self.catalog.meta(source_key(self.source, "table_format")))
 
     @property
     def is_table(self) -> bool:
@@ -120,8 +123,9 @@ class Discovery:
             raise
         self.refused = None
         table = getattr(self.remote, "table", None)
-        if table is not None and self.catalog.meta("table_format") != table.format:
-            self.writer.put_meta({"table_format": table.format}).result()  # a warm start waits for a listing
+        if table is not None and self.catalog.meta(source_key(self.source, "table_format")) != table.format:
+            # a warm start waits for a listing
+            self.writer.put_meta({source_key(self.source, "table_format"): table.format}).result()
         parts = {p: self.remote.partitions(p) for p in listed}
         self._types = self._partition_types(parts)
         paths = self._filtered(listed, parts)
@@ -260,8 +264,9 @@ class Discovery:
                 schema, skipped = infer_schema(target, self.columns, list(names))
             except UnsupportedColumn as e:
                 raise RemoteError(f"source {self.remote.url!r}: {e}") from None
-            self.writer.put_meta({"schema": schema.to_json(), "skipped_columns": skipped,
-                                  "arrow_schema": str(target), "arrow_schema_ipc": to_text(target)}).result()
+            values = {"schema": schema.to_json(), "skipped_columns": skipped, "arrow_schema": str(target),
+                      "arrow_schema_ipc": to_text(target)}
+            self.writer.put_meta({source_key(self.source, k): v for k, v in values.items()}).result()
             self.schema, self.skipped, self.target = schema, skipped, target
             for name, why in skipped.items():
                 log.warning("column %r is left out: %s", name, why, extra={"event": "column_skipped"})

@@ -44,6 +44,7 @@ class SampleTask:
     footer_bytes: int = 0          # the footer is then read in one exact ranged read, with no HEAD request
     # the file's partition values (column -> text, None: null): constant columns of every row it gives
     partitions: dict[str, str | None] = field(default_factory=dict)
+    name: str = "default"          # the named source: in the staging header, so a leftover file knows its source
 
 
 @dataclass
@@ -136,6 +137,7 @@ def _stage(task: SampleTask, table: pa.Table, schema: Schema, first_row: int, pa
     key = task.key if part == 0 and final else f"{task.key}-p{part}"
     header = {"key": key, "path": task.path, "row_group": task.row_group, "row_groups": task.row_groups,
               "first_row": first_row, "part": part, "final": final, "unit": task.unit, "cycle": task.cycle,
-              "rows": table.num_rows, "rows_per_block": rows_per_block, "partitions": task.partitions}
+              "rows": table.num_rows, "rows_per_block": rows_per_block, "partitions": task.partitions,
+              "source": task.name}
     staged = write_staged(Path(task.staging_dir), key, header, blocks)
     return str(staged), sum(block_length(b) for b in blocks)

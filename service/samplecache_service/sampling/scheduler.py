@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Protocol, TypeVar
 
 import lmdb
 
-from samplecache_service.config.settings import Settings
+from samplecache_service.config.settings import DEFAULT_SOURCE, Settings
 from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.planner import Pick, Planner, Slot, Unit, build_units, unit_current
 from samplecache_service.remote.stores import ErrorKind, RemoteError, classify_error
@@ -27,10 +27,10 @@ from samplecache_service.sampling.failures import CORRUPT_CONFIRMATIONS, MAX_UNI
 from samplecache_service.sampling.inbox import Inbox
 from samplecache_service.sampling.sampler import SampleResult, SampleTask
 from samplecache_service.sampling.traffic import Traffic
-from samplecache_service.store.budget import Budget
-from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.budget import Budget, ShareOf
+from samplecache_service.store.catalog import Catalog, source_key
 from samplecache_service.store.disk import DiskSpace, out_of_space
-from samplecache_service.store.eviction import EvictionPlan
+from samplecache_service.store.eviction import MakeRoom
 from samplecache_service.store.staging import drop_failed
 from samplecache_service.store.writer import DamagedShard, NoRoom, Writer
 
@@ -55,16 +55,27 @@ class Samplers(Protocol):
 
 class Scheduler:
     def __init__(self, settings: Settings, catalog: Catalog, writer: Writer, disk: DiskSpace, traffic: Traffic,
-                 supervisor: Samplers, budget: Budget, discovery: Discovery | None, *,
-                 pinned_epochs: Callable[[], Iterable[int]], make_room: Callable[[int], EvictionPlan],
+                 supervisor: Samplers, budget: Budget | ShareOf, discovery: Discovery | None, *,
+                 pinned_epochs: Callable[[], Iterable[int]], make_room: MakeRoom,
                  expire_leases: Callable[[], None], die: Callable[[str], None], source_shown: str = "",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, name: str = DEFAULT_SOURCE, url: str | None = None,
+                 owns: Callable[[str], bool] | None = None, slots: Callable[[], int] | None = None) -> None:
         """``pinned_epochs``, ``make_room``, ``expire_leases``: the epochs' pins, the eviction plan for a shard
-        on its way in, and the lease expiry run each turn; ``die``: stop the daemon (LMDB cannot go on)."""
+        on its way in, and the lease expiry run each turn; ``die``: stop the daemon (LMDB cannot go on).
+
+        One scheduler samples one named source (``name``, at ``url``; ``budget`` is its share) beside the
+        others: ``owns`` tells its files from theirs, and ``slots`` is how many units it may have out at the
+        shared samplers (default: twice their number)."""
         self.settings, self.catalog, self.writer, self.disk, self.traffic = settings, catalog, writer, disk, traffic
         self.supervisor, self.budget, self.discovery = supervisor, budget, discovery
         self.pinned_epochs, self.make_room, self.expire_leases, self.die = pinned_epochs, make_room, expire_leases, die
         self.source_shown, self.clock = source_shown, clock
+        self.name, self.url = name, settings.source if url is None else url
+        self.owns = owns or (lambda path: True)
+        self.slots = slots or (lambda: 2 * supervisor.size)
+        self._out = 0  # units of this source at the samplers
+        # task keys name the source (so results find their way back); the default source's keep the old form
+        self.key_prefix = "" if name == DEFAULT_SOURCE else f"{name}."
         self.planner: Planner | None = None
         self.paused_reason: str | None = None
         self.user_paused = False
@@ -144,7 +155,7 @@ class Scheduler:
         if self._unread[0] != key:
             planned = {u.path for u in self.planner.units}
             unread = sorted(p for p, i in self.catalog.files().items()
-                            if i.quarantined and not i.row_groups and p not in planned)
+                            if i.quarantined and not i.row_groups and p not in planned and self.owns(p))
             self._unread = (key, unread, len(planned))
         return self._unread[1], self._unread[2]
 
@@ -172,13 +183,14 @@ class Scheduler:
         discovery = self.discovery
         assert discovery is not None
         try:
-            new = discovery.run()
+            new = [p for p in discovery.run() if self.owns(p)]
             self.last_error = None if self.planner is not None or self.schema() else self.last_error
-            files = self.catalog.files()
+            files = {p: i for p, i in self.catalog.files().items() if self.owns(p)}
             if self.planner is None and self.schema() is not None:
                 units = build_units(files)
                 self.planner = Planner(units, seed=self.settings.seed, node_rank=self.settings.node_rank,
-                                       num_nodes=self.settings.num_nodes, cursor=self.catalog.meta("cursor"))
+                                       num_nodes=self.settings.num_nodes,
+                                       cursor=self.catalog.meta(source_key(self.name, "cursor")))
                 log.info("source %s: %d files, %d row groups in %d units (%d units on this node)",
                          self.source_shown, len(files), sum(u.row_groups for u in units), len(units),
                          len(self.planner),
@@ -203,7 +215,7 @@ class Scheduler:
     def _stale_resident(self) -> bool:
         """Whether a resident shard comes from a file no longer live in its table."""
         removed = self.catalog.removed_files()
-        return bool(removed) and any(s.path in removed for s in self.catalog.shards())
+        return bool(removed) and any(s.path in removed for s in self.catalog.shards() if s.source == self.name)
 
     def discover_soon(self) -> None:
         self._next_discovery = 0.0
@@ -211,7 +223,7 @@ class Scheduler:
     # -- deciding ---------------------------------------------------------------------------------------
     def _why_not_sample(self) -> str | None:
         assert self.planner is not None
-        settled = self.catalog.resident_units() + self.quarantined_units + self.removed_units
+        settled = self.catalog.resident(self.name).units + self.quarantined_units + self.removed_units
         if self.complete and settled < len(self.planner):
             self.complete, self._skips = False, 0
         if self.user_paused:
@@ -233,7 +245,7 @@ class Scheduler:
             room = (f"every evictable shard is pinned by leases on epochs {pinned}" if pinned else
                     "nothing is pinned, yet the shard does not fit")
             return (f"budget full: {room}; {waiting} shard(s) wait (the smallest {need} bytes; budget "
-                    f"{self.budget.max_bytes}, resident {self.catalog.resident_bytes} bytes)")
+                    f"{self.budget.max_bytes}, resident {self.catalog.resident(self.name).bytes} bytes)")
         if self.complete:
             unread = len(self._unread_files()[0])
             left = [f"{self.quarantined_units} unit(s) of quarantined files"] if self.quarantined_units else []
@@ -272,7 +284,7 @@ class Scheduler:
         if self.paused_reason is not None:
             return
         supervisor = self.supervisor
-        while supervisor.pending() < 2 * supervisor.size:
+        while supervisor.pending() < 2 * supervisor.size and self._out < self.slots():
             pick = self.planner.next()
             if pick is None:
                 if self._deferred and not supervisor.pending():
@@ -296,31 +308,36 @@ class Scheduler:
         info = self.catalog.file(pick.unit.path)
         sizes = info.row_group_bytes or ()
         size = int(sizes[pick.unit.row_group]) if pick.unit.row_group < len(sizes) else 0
-        committed = self.catalog.resident_bytes + self._ingesting + self.traffic.out_bytes() + \
+        committed = self.catalog.resident(self.name).bytes + self._ingesting + self.traffic.out_bytes(self.mine) + \
             sum(r.bytes for r in list(self._held))
         # the unit's identity in the key: after a cursor reset the same cycle and position may name another unit
         ident = zlib.crc32(f"{pick.unit.path}\0{pick.unit.row_group}".encode())
-        key = f"c{pick.cycle}-u{pick.position}-{ident:08x}"
+        key = f"{self.key_prefix}c{pick.cycle}-u{pick.position}-{ident:08x}"
         self.paused_reason = self.traffic.admit(key, size, committed, self.budget.max_bytes)
         if self.paused_reason is not None:
             return False
         schema = self.schema()
         assert schema is not None
         self.supervisor.submit(SampleTask(
-            key=key, source=self.settings.source, storage_options=dict(self.settings.storage_options),
+            key=key, name=self.name, source=self.url, storage_options=dict(self.settings.storage_options),
             path=pick.unit.path, row_group=pick.unit.row_group, schema=schema.to_json(),
             staging_dir=str(self.settings.staging_dir), block_bytes=int(self.settings.block_bytes),
             unit=pick.position, cycle=pick.cycle, row_groups=pick.unit.row_groups,
             part_bytes=self.settings.part_bytes, arrow_schema=self.discovery.target_text() if self.discovery else None,
             file_size=info.size or 0, footer_bytes=info.footer or 0, partitions=dict(info.partitions)))
+        self._out += 1
         return True
+
+    def mine(self, key: str) -> bool:
+        """Whether a task key is one of this source's."""
+        return key.startswith(self.key_prefix) if self.key_prefix else "." not in key
 
     def _finish(self, pick: Pick | Slot) -> None:
         """Mark a unit done without a shard (its file is quarantined)."""
         assert self.planner is not None
         cursor = self.planner.cursor_after(pick.cycle, pick.position)
         self.planner.done(pick.cycle, pick.position)
-        self.writer.put_meta({"cursor": cursor})
+        self.writer.put_meta({source_key(self.name, "cursor"): cursor})
 
     def _defer(self, pick: Pick | Slot, unit_key: tuple[str, int], first: float | None = None) -> float:
         """Try ``pick`` again after an exponential backoff with jitter; returns the delay."""
@@ -349,6 +366,7 @@ class Scheduler:
 
     def _result(self, r: SampleResult) -> None:
         self.traffic.returned(r)
+        self._out = max(0, self._out - 1)
         t = r.task
         if r.ok:
             self.failures.sampled((t.path, t.row_group), t.key)

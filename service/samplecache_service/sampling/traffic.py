@@ -44,10 +44,11 @@ class Traffic:
         fetched, self._at_seal = total - self._at_seal, total
         return fetched
 
-    def out_bytes(self) -> int:
-        """Cached bytes expected from the units out at the samplers."""
+    def out_bytes(self, mine: Callable[[str], bool] | None = None) -> int:
+        """Cached bytes expected from the units out at the samplers (``mine``: only those of the task keys it
+        says are one source's)."""
         with self._lock:
-            return sum(cached for _, cached, _ in self._out.values())
+            return sum(cached for key, (_, cached, _) in self._out.items() if mine is None or mine(key))
 
     def admit(self, key: str, cached: int, committed: int, max_bytes: int) -> str | None:
         """Send unit ``key`` (``cached``: its footer's size) if the pace allows; else why not. ``committed``:

@@ -16,9 +16,9 @@ from samplecache.format.constants import CACHE_ID_KEY
 from samplecache.format.record import FORMAT_VERSION
 from samplecache_service.config.mapsize import map_size_for as map_size_for  # for the daemon and benchmarks
 from samplecache_service.config.redact import redact
-from samplecache_service.config.settings import Settings
+from samplecache_service.config.settings import DEFAULT_SOURCE, Settings
 from samplecache_service.files import FILE_MODE, fix_mode
-from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.catalog import Catalog, source_key
 from samplecache_service.store.lmdbmeta import MetaError, read_meta
 from samplecache_service.store.writer import Writer
 
@@ -80,6 +80,26 @@ def check_identity(catalog: Catalog, writer: Writer, settings: Settings) -> str:
         writer.put_meta(stamp).result()
     mark_committed(settings.lmdb_path)
     return str(cache_id)
+
+
+def check_sources(catalog: Catalog, writer: Writer, urls: dict[str, str]) -> None:
+    """Each named source still names the URL whose sample the cache holds for it; a name given a new URL
+    while its old sample is resident is a StartupError (the default source is ``check_identity``'s)."""
+    resident = catalog.resident_sources()
+    stamp: dict[str, Any] = {}
+    for name, url in urls.items():
+        if name == DEFAULT_SOURCE:
+            continue
+        key = source_key(name, "url")
+        was = catalog.meta(key)
+        if was is not None and was != url and name in resident:
+            raise StartupError(f"cache_dir holds a sample of {redact(was)!r} as source {name!r}, not of "
+                               f"{redact(url)!r}: name the new URL another source (the old one's shards go once "
+                               f"no lease holds them), or {RESET_HINT}")
+        if was != url:
+            stamp[key] = url
+    if stamp:
+        writer.put_meta(stamp).result()
 
 
 def holds_data(catalog: Catalog) -> bool:

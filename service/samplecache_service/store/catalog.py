@@ -7,7 +7,8 @@ Layout of the LMDB environment (``<cache-dir>/lmdb``):
 * ``epochs``:  epoch (8 bytes BE) -> sealed manifest JSON
 * ``files``:   remote path -> file JSON (row groups, quarantine: store/fileinfo.py)
 * ``meta``:    b"format", b"source", b"schema", b"cursor", b"next_shard", b"pages_released" (the writer's tiny commit
-  that lets freed pages be reused)
+  that lets freed pages be reused); a named source's own keys (schema, cursor...) as ``source/<name>/<key>``
+  (``source_key``: the ``default`` source keeps the plain keys, so a one-source cache opens as its ``default``)
 
 Only ``writer.py`` writes; this module reads the environment once at start and
 keeps the mirror that the writer updates after each commit.
@@ -25,6 +26,7 @@ from typing import Any, Sequence
 import lmdb
 
 from samplecache.format.manifest import compact
+from samplecache_service.config.settings import DEFAULT_SOURCE
 from samplecache_service.store.fileinfo import FileInfo
 
 DBS = (b"records", b"shards", b"epochs", b"files", b"meta")
@@ -37,6 +39,21 @@ LEASE_PREFIX = "lease/"  # meta key of one live lease: lease/<id> (a take writes
 
 def u64(n: int) -> bytes:
     return n.to_bytes(8, "big")
+
+
+def source_key(source: str, key: str) -> str:
+    """A source's own meta key (its schema, its sampling cursor...)."""
+    return key if source == DEFAULT_SOURCE else f"source/{source}/{key}"
+
+
+@dataclass
+class Resident:
+    """What one source holds in the cache."""
+
+    shards: int = 0
+    rows: int = 0
+    bytes: int = 0
+    units: int = 0
 
 
 @dataclass
@@ -55,6 +72,7 @@ class Shard:
     last_used_epoch: int = -1
     row_groups: int = 1   # consecutive row groups of the unit, from ``row_group``
     first_row: int = -1   # the shard's first row in its file (-1: not recorded)
+    source: str = DEFAULT_SOURCE  # the named source it was sampled from
 
     def to_json(self) -> builtins.bytes:  # ``bytes`` is a field of this class
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -86,6 +104,7 @@ class Catalog:
         self.resident_bytes = 0
         self.resident_rows = 0
         self._units: Counter[tuple[str, int]] = Counter()
+        self._sources: dict[str, Resident] = {}
         self.files_version = 0
         self._removed: tuple[int, frozenset[str]] = (-1, frozenset())  # (files_version, removed files' paths)
         self.shards_version = 0  # changes whenever a shard is added or removed
@@ -124,7 +143,8 @@ class Catalog:
                 st.files[k.decode()] = FileInfo.from_json(v)
         self.resident_bytes = sum(s.bytes for s in st.shards.values())
         self.resident_rows = sum(s.rows for s in st.shards.values())
-        self._units.update((s.path, s.row_group) for s in st.shards.values())
+        for s in st.shards.values():
+            self._count(s, 1)
 
     # -- reads ------------------------------------------------------------------------
     def meta(self, key: str, default: Any = None) -> Any:
@@ -138,6 +158,29 @@ class Catalog:
     def shard(self, shard_id: int) -> Shard | None:
         with self._lock:
             return self._state.shards.get(shard_id)
+
+    def _count(self, s: Shard, sign: int) -> None:
+        """Add (1) or take away (-1) shard ``s`` from the unit and per-source counts (under the lock)."""
+        unit = (s.path, s.row_group)
+        r = self._sources.setdefault(s.source, Resident())
+        r.shards, r.rows, r.bytes = r.shards + sign, r.rows + sign * s.rows, r.bytes + sign * s.bytes
+        self._units[unit] += sign
+        if sign > 0 and self._units[unit] == 1:
+            r.units += 1
+        elif sign < 0 and self._units[unit] <= 0:
+            del self._units[unit]
+            r.units -= 1
+
+    def resident(self, source: str) -> Resident:
+        """What ``source`` holds now (a copy)."""
+        with self._lock:
+            r = self._sources.get(source)
+            return Resident(r.shards, r.rows, r.bytes, r.units) if r else Resident()
+
+    def resident_sources(self) -> dict[str, Resident]:
+        """What each source that holds a shard holds now."""
+        with self._lock:
+            return {n: Resident(r.shards, r.rows, r.bytes, r.units) for n, r in self._sources.items() if r.shards}
 
     def unit_resident(self, path: str, row_group: int) -> bool:
         with self._lock:
@@ -205,7 +248,7 @@ class Catalog:
         with self._lock:
             self._state.shards[s.id] = s
             self._state.keys.add(s.key)
-            self._units[(s.path, s.row_group)] += 1
+            self._count(s, 1)
             self.shards_version += 1
             self.resident_bytes += s.bytes
             self.resident_rows += s.rows
@@ -216,9 +259,7 @@ class Catalog:
             if s is not None:
                 self.shards_version += 1
                 self._state.keys.discard(s.key)
-                self._units[(s.path, s.row_group)] -= 1
-                if self._units[(s.path, s.row_group)] <= 0:
-                    del self._units[(s.path, s.row_group)]
+                self._count(s, -1)
                 self.resident_bytes -= s.bytes
                 self.resident_rows -= s.rows
 

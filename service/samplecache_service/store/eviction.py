@@ -30,6 +30,12 @@ class EvictionPlan:
     fits: bool
 
 
+class MakeRoom(Protocol):
+    """The eviction plan for ``incoming`` more bytes of ``source`` (None: every source over its share)."""
+
+    def __call__(self, incoming: int, source: str | None = None) -> EvictionPlan: ...
+
+
 Order = Callable[[Sequence[ShardLike], int], list[int]]
 
 

@@ -20,10 +20,11 @@ import lmdb
 
 from samplecache.format.constants import MAX_READERS
 from samplecache.format.record import record_key, verify_block
+from samplecache_service.config.settings import DEFAULT_SOURCE
 from samplecache_service.files import SHARED_FILE_MODE, make_dir, set_mode
-from samplecache_service.store.catalog import DBS, LEASE_PREFIX, SUMMARY_PREFIX, Catalog, Shard, u64
+from samplecache_service.store.catalog import DBS, LEASE_PREFIX, SUMMARY_PREFIX, Catalog, Shard, source_key, u64
 from samplecache_service.store.disk import out_of_space
-from samplecache_service.store.eviction import EvictionPlan
+from samplecache_service.store.eviction import EvictionPlan, MakeRoom
 from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.staging import StagingError, read_staged
 
@@ -161,8 +162,9 @@ class Writer:
 
     # -- operations ---------------------------------------------------------------------------
     def ingest(self, staged_path: Path, cursor: Callable[[int, int], dict[str, Any]] | None = None,
-               make_room: Callable[[int], EvictionPlan] | None = None) -> "Future[Ingested]":
-        """Ingest one staging file as a new shard, evicting what ``make_room`` names, in ONE transaction.
+               make_room: MakeRoom | None = None) -> "Future[Ingested]":
+        """Ingest one staging file as a new shard of the source its header names, evicting what
+        ``make_room(bytes, source)`` names, in ONE transaction.
 
         ``cursor(cycle, unit)`` gives the sampling cursor to store with it. Raises
         NoRoom (the file stays staged) when the shard cannot fit without touching
@@ -190,7 +192,8 @@ class Writer:
                     if reason is not None:
                         raise DamagedShard(staged_path, b, reason)
                 size = sum(len(b) for b in staged.blocks)
-                plan = make_room(size) if make_room is not None else EvictionPlan((), 0, True)
+                source = str(h.get("source", DEFAULT_SOURCE))
+                plan = make_room(size, source) if make_room is not None else EvictionPlan((), 0, True)
                 if not plan.fits:
                     raise NoRoom(size, plan)
                 planned[:] = [plan]
@@ -204,12 +207,13 @@ class Writer:
                 shard = Shard(id=sid, key=h["key"], path=h["path"], row_group=h["row_group"], unit=h["unit"],
                               cycle=h["cycle"], rows=h["rows"], bytes=size, rows_per_block=h["rows_per_block"],
                               blocks=len(staged.blocks), created=time.time(), row_groups=int(h.get("row_groups", 1)),
-                              first_row=int(h.get("first_row", -1)))
+                              first_row=int(h.get("first_row", -1)), source=source)
                 if not txn.put(u64(sid), shard.to_json(), db=self.dbs[b"shards"], overwrite=False):
                     raise RuntimeError(f"shard {sid} is already catalogued (two writers on one cache?)")
                 txn.put(b"next_shard", json.dumps(sid + 1).encode(), db=self.dbs[b"meta"])
                 if cursor is not None and h.get("final", True):  # a unit is done with its last part
-                    txn.put(b"cursor", json.dumps(cursor(h["cycle"], h["unit"])).encode(), db=self.dbs[b"meta"])
+                    txn.put(source_key(source, "cursor").encode(), json.dumps(cursor(h["cycle"], h["unit"])).encode(),
+                            db=self.dbs[b"meta"])
                 return Ingested(shard, tuple(early) + tuple(s for s in plan.evict if s not in early))
             finally:
                 staged.close()
@@ -352,7 +356,7 @@ class Writer:
 
         return self.submit(op, after)
 
-    def evict(self, make_room: Callable[[int], EvictionPlan], reason: str = "config") -> "Future[tuple[int, ...]]":
+    def evict(self, make_room: MakeRoom, reason: str = "config") -> "Future[tuple[int, ...]]":
         """Evict what ``make_room(0)`` names (after the budget was lowered, or files left their table), counted
         by ``reason``."""
         def op(txn: lmdb.Transaction) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ from samplecache_service.sampling.sampler import SampleResult, SampleTask
 from samplecache_service.sampling.scheduler import CORRUPT_CONFIRMATIONS, MAX_UNIT_ATTEMPTS, Scheduler
 from samplecache_service.sampling.traffic import Traffic
 from samplecache_service.store.budget import Budget
-from samplecache_service.store.catalog import Catalog, Shard
+from samplecache_service.store.catalog import Catalog, Resident, Shard
 from samplecache_service.store.disk import DiskSpace
 from samplecache_service.store.eviction import EvictionPlan
 from samplecache_service.store.fileinfo import FileInfo
@@ -70,6 +70,10 @@ class FakeCatalog:
 
     def resident_units(self) -> int:
         return sum(1 for n in self._units.values() if n > 0)
+
+    def resident(self, source: str) -> Resident:
+        """The one source's: every unit and byte here."""
+        return Resident(units=self.resident_units(), bytes=self.resident_bytes)
 
     def add_shard(self, path: str, row_group: int, nbytes: int) -> None:
         self._units[(path, row_group)] += 1
@@ -227,7 +231,7 @@ class Rig:
             pinned_epochs=lambda: list(self.pins), make_room=self.make_room, expire_leases=self.expire_leases,
             die=self.died.append, source_shown=SOURCE, clock=self.clock)
 
-    def make_room(self, size: int) -> EvictionPlan:
+    def make_room(self, size: int, source: str | None = None) -> EvictionPlan:
         return EvictionPlan((), 0, True)
 
     def expire_leases(self) -> None:

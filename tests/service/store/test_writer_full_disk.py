@@ -74,7 +74,7 @@ def test_a_shard_that_evicts_others_for_its_room_is_written_on_a_full_disk(
         full: tuple[Cache, list[int], Path]) -> None:
     cache, ids, held = full
     evict = tuple(ids[:2])
-    done = cache.writer.ingest(held, make_room=lambda incoming: EvictionPlan(evict, 0, True)).result()
+    done = cache.writer.ingest(held, make_room=lambda incoming, source=None: EvictionPlan(evict, 0, True)).result()
     assert done.shard is not None and done.evicted == evict
     assert cache.writer.evicted["ingest"] == 2
     assert [cache.catalog.shard(i) for i in evict] == [None, None]

@@ -1,0 +1,173 @@
+"""Several named sources on one daemon (in process, over local Parquet folders): each samples its own files into
+its share of the budget, a failing one never stalls the others, a one-source cache opens as ``default``, a removed
+source's shards go, and the manifest names each shard's source."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from samplecache.format.manifest import Manifest
+from samplecache_service.config.settings import Settings
+from samplecache_service.daemon import Daemon
+from samplecache_service.store.cachedir import StartupError
+
+ROW_BYTES = 8 + 4 * 64  # id + a 64-float vector
+
+
+def _write(root: Path, name: str, files: int, rows: int, first_id: int) -> Path:
+    d = root / "data" / name
+    d.mkdir(parents=True)
+    for i in range(files):
+        ids = np.arange(first_id + i * rows, first_id + (i + 1) * rows, dtype=np.int64)
+        vec = np.random.default_rng(first_id + i).random((rows, 64), dtype=np.float32)
+        t = pa.table({"id": ids, "v": pa.FixedSizeListArray.from_arrays(vec.ravel(), 64)})
+        pq.write_table(t, d / f"part-{i}.parquet", row_group_size=200)
+    return d
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> dict[str, Path]:
+    """web: 12000 rows (~3.1 MB), code: 2000, math: 400; ids apart by source."""
+    return {"web": _write(tmp_path, "web", 6, 2000, 0), "code": _write(tmp_path, "code", 2, 1000, 10**6),
+            "math": _write(tmp_path, "math", 1, 400, 2 * 10**6)}
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def start(**kw: Any) -> Daemon:
+        settings = Settings(cache_dir=tmp_path / "cache", samplers=2, discover_interval=3600, retry_seconds=0.5,
+                            min_free_disk=0, unit_bytes="64KiB", **kw)
+        d = Daemon(settings)
+        started.append(d)
+        d.check_remote()
+        d.start()
+        return d
+
+    try:
+        yield start
+    finally:
+        for d in started:
+            d.stop()
+
+
+def _until(pred: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_each_source_fills_its_share_and_no_more(run: Callable[..., Daemon], data: dict[str, Path]) -> None:
+    budget = 2_400_000  # web (3.2 MB) cannot fit its 0.5; code (0.53 MB) and math (0.1 MB) fit their 0.25 each
+    d = run(sources={n: {"url": f"file://{p}/"} for n, p in data.items()}, share={"web": 0.5}, max_bytes=budget,
+            pacing="off")
+    assert {n: round(s.share.fraction, 3) for n, s in d.sources.items()} == {"web": 0.5, "code": 0.25, "math": 0.25}
+    _until(lambda: d.catalog.resident("code").rows == 2000 and d.catalog.resident("math").rows == 400
+           and d.catalog.resident("web").bytes > 0.8 * budget * 0.5, 60, "every source to fill")
+    time.sleep(1.0)  # web keeps rolling within its share
+    for name, src in d.sources.items():
+        held = d.catalog.resident(name)
+        assert held.bytes <= src.share.max_bytes, (name, held, src.share.max_bytes)
+    # web's rolling never evicted the others: they still hold every row they have
+    assert (d.catalog.resident("code").rows, d.catalog.resident("math").rows) == (2000, 400)
+    # each shard is its source's own file
+    for s in d.catalog.shards():
+        assert f"/data/{s.source}/" in s.path, (s.source, s.path)
+
+
+def test_the_manifest_names_each_shards_source_and_schema(run: Callable[..., Daemon], data: dict[str, Path]) -> None:
+    d = run(sources={n: {"url": f"file://{p}/"} for n, p in data.items()})
+    _until(lambda: sum(d.catalog.resident(n).rows for n in data) == 14400, 60, "the sources to be cached")
+    m = Manifest.from_json(json.loads(asyncio.run(d.epochs.manifest(0))))
+    names = m.source_names()
+    assert names == ["code", "math", "web"]
+    by_id = {s.id: s.source for s in d.catalog.shards()}
+    got = [names[i] for i in m.source_of()]
+    assert got == [by_id[int(sid)] for sid in m.table()[:, 0]]
+    assert m.source_schema("math")["columns"][0]["name"] == "id"
+    with pytest.raises(KeyError, match="no source 'nope'"):
+        m.source_schema("nope")
+
+
+def test_a_failing_source_leaves_the_others_sampling(run: Callable[..., Daemon], data: dict[str, Path],
+                                                     tmp_path: Path) -> None:
+    gone = tmp_path / "data" / "gone"
+    d = run(sources={"web": {"url": f"file://{data['web']}/"}, "gone": {"url": f"file://{gone}/"}})
+    _until(lambda: d.catalog.resident("web").rows == 12000, 60, "web to be cached")
+    bad = d.sources["gone"]
+    assert bad.scheduler.state() == "remote error" and "does not exist" in (bad.problem() or "")
+    assert d.sources["web"].problem() is None
+    assert d.epoch_shares() == {"web": 0.5}  # a new epoch names the source that can be served
+
+
+def test_no_readable_source_stops_the_start(tmp_path: Path) -> None:
+    settings = Settings(cache_dir=tmp_path / "cache", samplers=1,
+                        sources={"a": f"file://{tmp_path}/a/", "b": f"file://{tmp_path}/b/"})
+    d = Daemon(settings)
+    try:
+        with pytest.raises(StartupError, match="no source can be read: a .*; b "):
+            d.check_remote()
+    finally:
+        d.stop()
+
+
+def test_sources_within_each_other_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(StartupError, match="'a' and 'b' lie one within the other"):
+        Daemon(Settings(cache_dir=tmp_path / "cache", sources={"a": f"file://{tmp_path}/x/",
+                                                               "b": f"file://{tmp_path}/x/y/"}))
+
+
+def test_a_one_source_cache_opens_as_default_and_a_removed_source_goes(
+        run: Callable[..., Daemon], data: dict[str, Path]) -> None:
+    d = run(source=f"file://{data['math']}/")
+    _until(lambda: d.catalog.resident("default").rows == 400, 60, "the one source to be cached")
+    d.stop()
+    d = run(source=f"file://{data['math']}/", sources={"code": {"url": f"file://{data['code']}/"}})
+    assert d.catalog.resident("default").rows == 400  # the old data is the default source's, not sampled again
+    _until(lambda: d.catalog.resident("code").rows == 2000, 60, "code to be cached")
+    d.stop()
+    d = run(sources={"code": {"url": f"file://{data['code']}/"}})  # default removed: its shards go
+    _until(lambda: d.catalog.resident("default").shards == 0, 30, "the removed source's shards to go")
+    assert d.catalog.resident("code").rows == 2000
+
+
+def test_a_source_name_given_another_url_is_refused_while_its_sample_is_resident(
+        run: Callable[..., Daemon], data: dict[str, Path], tmp_path: Path) -> None:
+    d = run(sources={"code": {"url": f"file://{data['code']}/"}})
+    _until(lambda: d.catalog.resident("code").rows == 2000, 60, "code to be cached")
+    d.stop()
+    with pytest.raises(StartupError, match="holds a sample of .* as source 'code'"):
+        Daemon(Settings(cache_dir=tmp_path / "cache", sources={"code": f"file://{data['math']}/"}))
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"sources": {"a": "s3://x/", "b": "s3://y/"}, "share": {"a": 0.7, "b": 0.5}}, "add up to 1.2, more than 1: a=0.7"),
+    ({"sources": {"a": "s3://x/", "b": "s3://y/"}, "share": {"a": 1.0}}, "leave nothing for ['b']"),
+    ({"sources": {"A!": "s3://x/"}}, "source name 'A!'"),
+    ({"source": "s3://x/", "sources": {"default": "s3://y/"}}, "which sources also names"),
+    ({"sources": {"a": "s3://x/"}, "share": {"b": 0.5}}, "unknown source"),
+])
+def test_bad_sources_are_a_settings_error_naming_them(kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Settings(**kw)
+
+
+def test_source_flags_name_sources_and_a_bare_url_is_default() -> None:
+    from samplecache_service.cli import _flags, build_parser
+    args = build_parser().parse_args(["serve", "--source", "s3://b/k=v/", "--source", "web=s3://b/web/",
+                                      "--share", "web=0.25"])
+    s = Settings(**_flags(args))
+    assert s.named_sources() == {"default": ("s3://b/k=v/", 0.75), "web": ("s3://b/web/", 0.25)}
