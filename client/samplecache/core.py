@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numbers
 import time
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
@@ -31,8 +32,17 @@ from samplecache.reading.deal import epoch_end, position_after, rank_batches, si
 from samplecache.reading.epoch_clock import EpochClock
 from samplecache.reading.epoch_source import EpochPlan, EpochSource, MissingColumn, check_columns
 from samplecache.reading.gather import default_threads
-from samplecache.reading.options import DEFAULT_URL, BatchOptions, CacheOptions, Options, SplitOptions
-from samplecache.reading.order import EpochOrder
+from samplecache.reading.layouts import MixedColumns
+from samplecache.reading.mixture import MixedOrder, mixture_counts
+from samplecache.reading.options import (
+    DEFAULT_URL,
+    BatchOptions,
+    CacheOptions,
+    Options,
+    SplitOptions,
+    checked_mixture,
+)
+from samplecache.reading.order import EpochOrder, GlobalOrder
 from samplecache.reading.prefetch import prefetched
 from samplecache.reading.reader import split_batch
 from samplecache.reading.stream import Stream
@@ -41,7 +51,9 @@ FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes 
 LOOSE_RUN = 256  # samples per worker turn when no batch size is known (a plain DataLoader), at most a read chunk
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 LEAD_S = 1.0  # or sooner, when the epoch's time left is less than this: fetching and leasing take milliseconds
-STATE_VERSION = 2  # 2: one position in the epoch's global order (elastic); 1: per-worker skip counts
+STATE_VERSION = 3  # 3: with the epoch's mixture; 2: one position in the epoch's global order (elastic); 1: per-worker
+# skip counts. A state with no mixture is written as version 2, which older clients read.
+EPOCH_SPLITS_KEPT = 8  # epochs whose split (their mixture) a reader remembers
 _ONE_BY_ONE = BatchOptions(None)  # frozen, so one shared instance: samples, read ahead as by default
 
 Gather = Callable[[EpochPlan, np.ndarray, np.ndarray, int], Iterator[tuple[int, Any]]]
@@ -102,24 +114,35 @@ class ResumeState:
     shuffle_buffer: int = 0
     samples: int | None = None
     daemon_epoch: int | None = None
-    version: int = STATE_VERSION
+    version: int = 0  # 0: the version it is written as (3 with a mixture, else 2)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys an adapter adds (e.g. batches)
+    # the epoch's mixture (None: every source, as one source reads), and how it was mixed and cut
+    mixture: Mapping[str, float] | None = None
+    mix: str = "random"
+    epoch_samples: int | None = None
+    stratum: int = 0
 
     def __post_init__(self) -> None:
         self.epoch = epoch_number(self.epoch, "epoch")
         self.position = epoch_number(self.position, "position")
+        if not self.version:
+            self.version = STATE_VERSION if self.mixture is not None else 2
         if int(self.version) > STATE_VERSION:
             raise ValueError(f"this resume state has version {self.version}; this client reads up to "
                              f"{STATE_VERSION}: install a newer samplecache")
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "extra"}
+        if self.mixture is None:  # as version 2 wrote it: an older client reads it
+            for k in ("mixture", "mix", "epoch_samples", "stratum"):
+                out.pop(k)
+            out["version"] = min(int(self.version), 2)  # what it holds is version 2's
         return {**self.extra, **out}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ResumeState":
         known = ("job", "epoch", "position", "seed", "shuffle", "shuffle_buffer", "samples", "daemon_epoch",
-                 "version")
+                 "version", "mixture", "mix", "epoch_samples", "stratum")
         if "position" not in d and "skip" in d:
             raise StaleState(
                 f"this resume state (job {d.get('job')!r}, epoch {d.get('epoch')}) was saved by a samplecache "
@@ -134,19 +157,65 @@ class ResumeState:
                    shuffle=bool(d["shuffle"]), shuffle_buffer=int(d.get("shuffle_buffer", 0)),
                    samples=None if d.get("samples") is None else int(d["samples"]),
                    daemon_epoch=None if d.get("daemon_epoch") is None else int(d["daemon_epoch"]),
-                   version=int(d.get("version", STATE_VERSION)),
+                   version=int(d.get("version", 0)),
+                   mixture=None if d.get("mixture") is None else checked_mixture(d["mixture"]),
+                   mix=str(d.get("mix", "random")),
+                   epoch_samples=None if d.get("epoch_samples") is None else int(d["epoch_samples"]),
+                   stratum=int(d.get("stratum", 0)),
                    extra={k: v for k, v in d.items() if k not in known})
 
 
 # -- the split and the batches (pure functions) ----------------------------------------------------------
-def order_of(plan: EpochPlan, split: SplitOptions) -> EpochOrder:
-    """``plan``'s epoch's one global order under ``split`` (made once per plan and process)."""
-    key = (split.seed, split.shuffle, split.shuffle_buffer)
+class MissingSource(LookupError):
+    """A mixture names a source the epoch holds no sample of."""
+
+
+def check_mixture(plan: EpochPlan, split: SplitOptions) -> None:
+    """Raise ``MissingSource`` when ``split``'s mixture gives a share to a source with no sample in ``plan``, and
+    ``MixedColumns`` when a source read cannot be read with the others."""
+    if split.mixture is None:
+        if plan.source_problems:
+            plan.check_read(plan.source_names)  # every source is read
+        return
+    held = plan.source_rows()
+    weighted = [n for n, w in split.mixture.items() if w > 0]
+    missing = [n for n in weighted if not held.get(n)]
+    if missing:
+        raise MissingSource(f"the mixture gives a share to source(s) {missing}, of which daemon epoch "
+                            f"{plan.daemon_epoch} holds no sample; it holds {sorted(n for n in held if held[n])}")
+    plan.check_read(weighted)
+
+
+def epoch_total(plan: EpochPlan, split: SplitOptions) -> int:
+    """The samples of ``plan``'s epoch under ``split``: the manifest's, or with a mixture its epoch's length."""
+    if split.mixture is None:
+        return plan.total
+    check_mixture(plan, split)
+    return sum(mixture_counts(plan.rows, plan.source_of, plan.source_names, split.mixture,
+                              split.epoch_samples).values())
+
+
+def order_of(plan: EpochPlan, split: SplitOptions, stratum: int = 0) -> GlobalOrder:
+    """``plan``'s epoch's one global order under ``split`` (made once per plan and process). With a mixture, a
+    stratified epoch's block is ``split.stratum``, else ``stratum`` (the global batch of the reading)."""
+    if split.mixture is None:
+        key: tuple[Any, ...] = (split.seed, split.shuffle, split.shuffle_buffer)
+        got = plan.orders.get(key)
+        if got is None:
+            check_mixture(plan, split)
+            got = plan.orders[key] = EpochOrder(plan.ids, plan.rows, split.seed, plan.epoch, split.shuffle,
+                                                split.shuffle_buffer)
+        return got  # type: ignore[no-any-return]
+    block = max(1, split.stratum or stratum) if split.mix == "stratified" else 0
+    key = (split.seed, split.shuffle, split.shuffle_buffer, tuple(split.mixture.items()), split.mix, block,
+           split.epoch_samples)
     got = plan.orders.get(key)
     if got is None:
-        got = plan.orders[key] = EpochOrder(plan.ids, plan.rows, split.seed, plan.epoch, split.shuffle,
-                                            split.shuffle_buffer)
-    return got
+        check_mixture(plan, split)
+        got = plan.orders[key] = MixedOrder(plan.ids, plan.rows, plan.source_of, plan.source_names, split.mixture,
+                                            split.seed, plan.epoch, split.shuffle, split.shuffle_buffer, split.mix,
+                                            block, split.epoch_samples)
+    return got  # type: ignore[no-any-return]
 
 
 def epoch_stop(plan: EpochPlan, split: SplitOptions, pos: Position, start: int = 0) -> int:
@@ -159,12 +228,12 @@ def epoch_stop(plan: EpochPlan, split: SplitOptions, pos: Position, start: int =
             f"epoch {plan.epoch} (Position.agreed): with PyTorch call ds.set_epoch(epoch) on every rank before "
             f"each epoch (after init_process_group), or iterate with samplecache.SampleCacheLoader")
     agreed = pos.agreed if split.partial != "uneven" else None
-    return epoch_end(plan.total, start, pos.local_world, split.partial, agreed)
+    return epoch_end(epoch_total(plan, split), start, pos.local_world, split.partial, agreed)
 
 
 def rank_share(plan: EpochPlan, split: SplitOptions, pos: Position, start: int = 0) -> int:
     """Samples this rank reads from its host's manifest before hosts agree (the input of that agreement)."""
-    return (epoch_end(plan.total, start, pos.local_world, split.partial) - start) // pos.local_world
+    return (epoch_end(epoch_total(plan, split), start, pos.local_world, split.partial) - start) // pos.local_world
 
 
 def loose_run(plan: EpochPlan) -> int:
@@ -185,7 +254,7 @@ def stream_for(plan: EpochPlan, split: SplitOptions, pos: Position, start: int =
         batches = rank_batches(start, end, pos.local_rank, pos.local_world, unit)
         if pos.workers > 1:
             batches = worker_batches(batches, unit, pos.worker, pos.workers, pack)
-    return Stream(order_of(plan, split), batches)
+    return Stream(order_of(plan, split, unit * pos.local_world), batches)
 
 
 def _items(counted: Iterator[tuple[int, Any]]) -> Iterator[Any]:
@@ -212,6 +281,7 @@ class Reader:
         if run is not None:
             self.source.run = run
         self.pending: ResumeState | None = None  # loaded by load_state, used by the next read of its epoch
+        self.epoch_splits: dict[int, SplitOptions] = {}  # epochs read under an earlier split (set_mixture)
         self._takes = 0
         self._pool: BufferPool | None = None
 
@@ -285,6 +355,49 @@ class Reader:
         return {**got, "columns": [by_name[c] for c in wanted]}
 
     # -- the split ------------------------------------------------------------------------------------------------
+    def split_for(self, epoch: int) -> SplitOptions:
+        """The split job epoch ``epoch`` is read under: a loaded state's mixture for its epoch (whatever this
+        reader was given: that epoch finishes exactly as it began), the split in force when ``set_mixture`` came
+        during it, else the reader's."""
+        got = self.epoch_splits.get(epoch)
+        if got is not None:
+            return got
+        r = self.pending
+        if r is not None and r.epoch == epoch:
+            return replace(self.split, mixture=r.mixture, mix=r.mix, epoch_samples=r.epoch_samples,
+                           stratum=r.stratum)
+        return self.split
+
+    def set_mixture(self, mixture: Mapping[str, float] | None, mix: str | None = None,
+                    epoch_samples: int | None = None) -> None:
+        """Read the next epochs with these weights (``mix``, ``epoch_samples``: as given, else as before); the
+        epoch in progress, if any, finishes with the weights it began with."""
+        current = self.current_epoch()
+        if current is not None:
+            self.epoch_splits.setdefault(current, self.split_for(current))
+            for e in sorted(self.epoch_splits)[:-EPOCH_SPLITS_KEPT]:
+                del self.epoch_splits[e]
+        self.split = replace(self.split, mixture=mixture, mix=mix or self.split.mix,
+                             epoch_samples=epoch_samples if epoch_samples is not None else self.split.epoch_samples)
+
+    def pin_stratum(self, epoch: int, stratum: int) -> SplitOptions:
+        """A stratified mixture's block for ``epoch`` when none was given: this reading's global batch
+        (``stratum``), kept for the epoch (a resume state carries it: the epoch goes on in the same order on any
+        topology). Returns the epoch's split."""
+        split = self.split_for(epoch)
+        if split.mixture is not None and split.mix == "stratified" and split.stratum == 0:
+            split = self.epoch_splits[epoch] = replace(split, stratum=max(1, int(stratum)))
+        return split
+
+    def mixture_counts(self, epoch: int) -> dict[str, int] | None:
+        """Job epoch ``epoch``'s samples per source (None: no mixture, every source as resident)."""
+        split = self.split_for(epoch)
+        if split.mixture is None:
+            return None
+        plan = self.plan(epoch)
+        check_mixture(plan, split)
+        return mixture_counts(plan.rows, plan.source_of, plan.source_names, split.mixture, split.epoch_samples)
+
     def agreed(self, epoch: int) -> int | None:
         """Samples per rank agreed across hosts for ``epoch`` (``set_agreed``), if any."""
         return self.clock.agreed(epoch)
@@ -295,19 +408,21 @@ class Reader:
 
     def rank_share(self, epoch: int, pos: Position) -> int:
         """This rank's samples in its host's manifest of ``epoch``: what hosts agree on (max: pad, min: drop)."""
-        return rank_share(self.plan(epoch), self.split, pos, self.resume_point(epoch, pos, consume=False))
+        return rank_share(self.plan(epoch), self.split_for(epoch), pos,
+                          self.resume_point(epoch, pos, consume=False))
 
     def count(self, epoch: int, pos: Position, start: int = 0, unit: int = 1) -> int:
         """Samples ``pos`` reads in job epoch ``epoch`` from position ``start``, dealt by ``unit``."""
-        return stream_for(self.plan(epoch), self.split, pos, start, unit).total
+        return stream_for(self.plan(epoch), self.split_for(epoch), pos, start, unit).total
 
     def end(self, epoch: int, pos: Position, start: int = 0) -> int:
         """Where the ranks' reading of ``epoch`` from ``start`` ends (a state there resumes to nothing)."""
-        return epoch_stop(self.plan(epoch), self.split, pos, start)
+        return epoch_stop(self.plan(epoch), self.split_for(epoch), pos, start)
 
     def position_after(self, epoch: int, pos: Position, start: int, batches: int, unit: int) -> int:
         """The position once every rank (in lockstep, as DDP steps) took ``batches`` batches of ``unit`` samples
         from position ``start``: ``start + batches x ranks x unit``, at most the end. Rank 0's count is enough."""
+        self.pin_stratum(epoch, unit * pos.local_world)
         return position_after(start, self.end(epoch, pos, start), pos.local_world, unit, batches)
 
     # -- reading -----------------------------------------------------------------------------------------------
@@ -336,14 +451,15 @@ class Reader:
         threads = batch.copy_threads or default_threads()
         b = batch.batch_size
         per = int(deal or b or 1)
+        split = self.pin_stratum(epoch, per * pos.local_world)
         if b is not None:
             unit = int(unit or b)
-            stream = stream_for(plan, self.split, pos, start, per, max(1, unit // b))
+            stream = stream_for(plan, split, pos, start, per, max(1, unit // b))
             masks = batch.masks
             make = gather or (lambda p, i, r, u: gather_batches(p, i, r, b, threads, masks, self.buffers().alloc))
             items = batch_items(plan, stream, 0, b, unit, batch.drop_last, make, batch.prefetch)
         else:
-            stream = stream_for(plan, self.split, pos, start, per, 1 if deal else loose_run(plan))
+            stream = stream_for(plan, split, pos, start, per, 1 if deal else loose_run(plan))
             items = self._sample_items(plan, stream, 0, batch.prefetch, threads)
         holder = f"rank {pos.rank} worker {pos.worker}"
         keeper = self.source.keeper(plan, holder)
@@ -356,13 +472,21 @@ class Reader:
                 # (at the pace so far) is below LEAD_S, so that a short epoch's successor is ready when it ends
                 if prefetch_at >= 0 and (done >= prefetch_at or (time.monotonic() - began) * (stream.total - done)
                                          < LEAD_S * done):
-                    self.source.prefetch_next(epoch + 1, holder, ready=lambda p: order_of(p, self.split).warm())
+                    self.source.prefetch_next(epoch + 1, holder, ready=lambda p: self._warm(p, per * pos.local_world))
                     prefetch_at = -1
                 if keeper is not None:
                     keeper.read = done
                 yield done, item
         finally:
             self.source.done(keeper)
+
+    def _warm(self, plan: EpochPlan, stratum: int) -> None:
+        """Make the next epoch's order's first pieces ahead (nothing when its mixture cannot be read: its read
+        says why)."""
+        try:
+            order_of(plan, self.split_for(plan.epoch), stratum).warm()
+        except (MissingSource, MixedColumns, ValueError):
+            pass
 
     @staticmethod
     def _sample_items(plan: EpochPlan, stream: Stream, start: int, prefetch: int, threads: int
@@ -378,9 +502,11 @@ class Reader:
         """The state after ``position`` samples of job epoch ``epoch``'s global order were consumed by all ranks
         (with the epoch's manifest to check at the resume, when this process has it)."""
         plan = self.source.cached_plan(epoch)
-        return ResumeState(self.job, epoch, int(position), self.split.seed, self.split.shuffle,
-                           self.split.shuffle_buffer, None if plan is None else plan.total,
-                           None if plan is None else plan.daemon_epoch)
+        split = self.split_for(epoch)
+        return ResumeState(self.job, epoch, int(position), split.seed, split.shuffle, split.shuffle_buffer,
+                           None if plan is None else epoch_total(plan, split),
+                           None if plan is None else plan.daemon_epoch, mixture=split.mixture, mix=split.mix,
+                           epoch_samples=split.epoch_samples, stratum=split.stratum)
 
     def load_state(self, state: ResumeState | Mapping[str, Any]) -> None:
         """Take the saved job over and go on where it stood: the next read of its epoch, on any topology and
@@ -400,6 +526,11 @@ class Reader:
             raise ValueError(f"the state was saved with another order (seed, shuffle, shuffle_buffer = "
                              f"{(state.seed, state.shuffle, state.shuffle_buffer)}, this reader has {split}): "
                              f"resume with the settings that saved it")
+        if state.mixture != self.split.mixture and state.position > 0:
+            given = self.split.mixture or "every source"
+            warnings.warn(f"job {state.job!r}: epoch {state.epoch} finishes with the mixture it began with "
+                          f"({state.mixture or 'every source'}); the weights given ({given}) start at epoch "
+                          f"{state.epoch + 1}", stacklevel=3)
         self.source.resume_job(state.job)
         self.pending = state
         self.set_epoch(state.epoch)
@@ -412,13 +543,15 @@ class Reader:
             return 0
         if r.samples is not None:
             plan = self.plan(epoch)
-            if (plan.total, plan.daemon_epoch) != (r.samples, r.daemon_epoch):
+            total = epoch_total(plan, self.split_for(epoch))
+            if (total, plan.daemon_epoch) != (r.samples, r.daemon_epoch):
                 raise ForeignState(
                     f"this resume state was saved while job {r.job!r} read epoch {epoch} as daemon epoch "
                     f"{r.daemon_epoch} ({r.samples} samples); the job's epoch {epoch} is now daemon epoch "
-                    f"{plan.daemon_epoch} ({plan.total} samples): the state is from another job or another "
+                    f"{plan.daemon_epoch} ({total} samples): the state is from another job or another "
                     f"cache. Load this job's own checkpoint, or start the epoch again with set_epoch({epoch})")
         if consume:
+            self.epoch_splits.setdefault(epoch, self.split_for(epoch))  # the epoch goes on as it began
             self.pending = None
         return r.position
 
@@ -437,4 +570,4 @@ class Reader:
 __all__ = ["DEFAULT_URL", "CacheOptions", "SplitOptions", "BatchOptions", "Options", "Position", "ResumeState",
            "Reader", "EpochPlan", "DaemonError", "EpochGone", "MissingColumn", "stream_for", "rank_share",
            "batch_groups", "gather_batches", "epoch_number", "StaleState", "ForeignState", "order_of", "epoch_stop",
-           "loose_run"]
+           "loose_run", "MissingSource", "MixedColumns", "epoch_total", "check_mixture"]

@@ -33,7 +33,7 @@ Sample = tuple[int, int]  # (manifest index, row of that shard)
 def plan_of(rows: list[int], seed: int, epoch: int) -> Any:
     ids = np.random.default_rng(seed).choice(10**9, size=len(rows), replace=False) + 1
     r = np.array(rows, dtype=np.int64)
-    return SimpleNamespace(ids=ids, rows=r, total=int(r.sum()), epoch=epoch, orders={})
+    return SimpleNamespace(ids=ids, rows=r, total=int(r.sum()), epoch=epoch, orders={}, source_problems={})
 
 
 def samples(plan: Any, split: SplitOptions, world: int, rank: int, workers: int, worker: int, start: int = 0,

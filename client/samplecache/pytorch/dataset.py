@@ -122,6 +122,17 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         if get_worker_info() is None:
             self.agree(int(epoch))  # several hosts: agree on the epoch's length (every rank calls set_epoch)
 
+    def set_mixture(self, mixture: dict[str, float] | None, mix: str | None = None,
+                    epoch_samples: int | None = None) -> None:
+        """Read the next epochs with these source weights (a curriculum); the epoch in progress finishes with the
+        weights it began with. With DataLoader workers, call it between epochs (persistent workers keep the
+        weights they were started with)."""
+        self.reader.set_mixture(mixture, mix, epoch_samples)
+
+    def mixture_counts(self, epoch: int) -> dict[str, int] | None:
+        """Job epoch ``epoch``'s samples per source (None: no mixture)."""
+        return self.reader.mixture_counts(epoch)
+
     def current_epoch(self) -> int | None:
         """The epoch the latest iteration (in any worker) read, if known."""
         return self.reader.current_epoch()
@@ -167,7 +178,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         (``samplecache.core.stream_for``, dealt by this dataset's batches)."""
         pos = Position(topo.rank, topo.world, topo.local_rank, topo.local_world, worker, workers,
                        self.reader.agreed(plan.epoch))
-        return stream_for(plan, self.reader.split, pos, start, self.deal_unit())
+        split = self.reader.pin_stratum(plan.epoch, self.deal_unit() * topo.local_world)
+        return stream_for(plan, split, pos, start, self.deal_unit())
 
     def deal_unit(self) -> int:
         """Samples of one batch of this rank: what the epoch's rest is dealt by (``samplecache.reading.deal``)."""

@@ -19,12 +19,15 @@ import weakref
 from multiprocessing import util as mp_util
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from samplecache.api.client import DaemonError, daemon_url, deadline_setting, fetch_manifest
 from samplecache.api.job import JobClient, job_name, new_run
 from samplecache.api.lease import LeaseKeeper
 from samplecache.format.manifest import Manifest
 from samplecache.format.record import FORMAT_VERSION, FormatError, Schema
 from samplecache.reading.epoch_clock import EpochClock
+from samplecache.reading.layouts import MixedColumns, column_maps
 from samplecache.reading.options import CacheOptions
 from samplecache.reading.reader import CacheReader
 
@@ -79,7 +82,37 @@ class EpochPlan:
         self.sample_bytes = sample_bytes
         self.chunk = int(min(4096, max(1, CHUNK_BYTES // sample_bytes)))  # positions per read transaction
         self.reader = CacheReader(parsed.lmdb_path, parsed.map_size, self.schema, cache_id=parsed.cache_id)
-        self.orders: dict[tuple[int, bool, int], Any] = {}  # (seed, shuffle, window) -> the epoch's global order
+        self.orders: dict[Any, Any] = {}  # (seed, shuffle, window, mixture...) -> the epoch's global order
+        # the named sources of its shards: each shard's (an index into source_names), and why a source cannot be
+        # read with the others (a column it lacks, or holds as another type: layouts.column_maps)
+        self.source_names, self.source_of = parsed.source_names(), parsed.source_of()
+        self.source_problems: dict[str, str] = {}
+        if parsed.sources:
+            self._map_sources(parsed)
+
+    def _map_sources(self, parsed: Manifest) -> None:
+        schemas = {n: Schema.from_json(parsed.source_schema(n)) for n in self.source_names}
+        main = next((n for n in self.source_names if parsed.source_schema(n) == parsed.schema), self.source_names[0])
+        maps, self.source_problems = column_maps(self.schema, main, self.cols, schemas)
+        layouts: dict[int, tuple[Schema, list[int] | None]] = {}
+        for s, name in enumerate(self.source_names):
+            if name in maps and (maps[name] is not None or parsed.source_schema(name) != parsed.schema):
+                lay = (schemas[name], maps[name])
+                layouts.update((sid, lay) for sid in self.ids[self.source_of == s].tolist())
+        self.reader.layouts = layouts
+
+    def source_rows(self) -> dict[str, int]:
+        """Each source's samples in this manifest."""
+        got = np.bincount(self.source_of, weights=self.rows, minlength=len(self.source_names))
+        return {n: int(r) for n, r in zip(self.source_names, got.tolist())}
+
+    def check_read(self, names: Sequence[str]) -> None:
+        """Raise ``MixedColumns`` when a source among ``names`` cannot be read with the others."""
+        wrong = [self.source_problems[n] for n in names if n in self.source_problems]
+        if wrong:
+            raise MixedColumns(f"epoch {self.daemon_epoch}'s sources cannot be read together: " + "; ".join(wrong)
+                               + " (no value is cast to fit: read the columns every source holds alike, or "
+                               "leave the source out of the mixture)")
 
 
 def _close_at_exit(ref: "weakref.ref[EpochSource]") -> None:

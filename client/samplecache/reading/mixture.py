@@ -204,6 +204,8 @@ class MixedOrder:
     interface). ``names[source_of[i]]`` is manifest index ``i``'s source; a source missing from ``weights`` has
     weight 0. ``epoch_samples``: the epoch's length (default: the largest with no source repeating a sample)."""
 
+    interleaved = True  # a stream reads it by positions, not by runs (they are a sample or two long)
+
     def __init__(self, ids: np.ndarray, rows: np.ndarray, source_of: np.ndarray, names: Sequence[str],
                  weights: Mapping[str, float], seed: int, epoch: int, shuffle: bool, window: int = 0,
                  mix: str = "random", stratum: int = 0, epoch_samples: int | None = None, *,
@@ -331,4 +333,18 @@ class MixedOrder:
         out.extend(zip(idx[np.r_[0, cuts]].tolist(), np.split(rows, cuts)))
 
 
-__all__ = ["MIXES", "CHUNK", "MixedOrder", "apportion", "largest_epoch"]
+def mixture_counts(rows: np.ndarray, source_of: np.ndarray, names: Sequence[str], weights: Mapping[str, float],
+                   epoch_samples: int | None = None) -> dict[str, int]:
+    """The per-source counts of an epoch of the mixture (what ``MixedOrder(...).counts`` holds, without making
+    its order): a source of weight 0 is left out."""
+    names = list(names)
+    source_of, rows = np.asarray(source_of, np.int64), np.asarray(rows, np.int64)
+    a = _source_weights(names, weights, source_of, rows, len(rows))
+    active = [s for s in range(len(names)) if a[s] > 0]
+    resident = np.bincount(source_of, weights=rows, minlength=len(names)).astype(np.int64).tolist()
+    aw = [a[s] for s in active]
+    total = _largest([resident[s] for s in active], aw) if epoch_samples is None else int(epoch_samples)
+    return {names[s]: c for s, c in zip(active, _hamilton(total, aw))}
+
+
+__all__ = ["MIXES", "CHUNK", "MixedOrder", "apportion", "largest_epoch", "mixture_counts"]

@@ -8,11 +8,13 @@ keyword arguments; ``Options.from_keywords`` sorts those into the objects, so no
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Sequence
 
 from samplecache.reading.deal import PARTIAL
+from samplecache.reading.mixture import MIXES
 
 DEFAULT_URL = "http://127.0.0.1:8750"
 
@@ -45,14 +47,34 @@ class CacheOptions:
 
 @dataclass(frozen=True)
 class SplitOptions:
-    """How an epoch is split and ordered (``partial``: see ``samplecache.reading.partition``)."""
+    """How an epoch is split and ordered (``partial``: see ``samplecache.reading.partition``). ``mixture``: each
+    named source's weight (normalised; None: every source in proportion to its resident samples, as one source
+    reads), read as exact per-source counts per epoch (``samplecache.reading.mixture``); ``mix``: "random" or
+    "stratified" (every global batch holds each source's share within one sample); ``epoch_samples``: the
+    epoch's length with a mixture (None: the largest no source repeats a sample in; more upsamples);
+    ``stratum``: a stratified epoch's block (0: the global batch, ranks x batch size)."""
 
     shuffle: bool = True
     seed: int = 0
     partial: str = "pad"
     shuffle_buffer: int = 0
+    mixture: Mapping[str, float] | None = None
+    mix: str = "random"
+    epoch_samples: int | None = None
+    stratum: int = 0
 
     def __post_init__(self) -> None:
+        if self.mix not in MIXES:
+            raise ValueError(f"mix must be one of {MIXES}, not {self.mix!r}")
+        if self.mixture is not None:
+            object.__setattr__(self, "mixture", checked_mixture(self.mixture))
+        if self.epoch_samples is not None:
+            if isinstance(self.epoch_samples, bool) or int(self.epoch_samples) < 1:
+                raise ValueError(f"epoch_samples must be a positive integer or None, not {self.epoch_samples!r}")
+            object.__setattr__(self, "epoch_samples", int(self.epoch_samples))
+        if int(self.stratum) < 0:
+            raise ValueError(f"stratum must be >= 0, not {self.stratum!r}")
+        object.__setattr__(self, "stratum", int(self.stratum))
         if self.partial not in PARTIAL:
             raise ValueError(f"partial must be one of {PARTIAL}, not {self.partial!r}")
         if int(self.shuffle_buffer) < 0:
@@ -90,6 +112,21 @@ class BatchOptions:
         if self.batch_size is None:
             raise ValueError("batch_size must be a positive integer, not None")
         return self.batch_size
+
+
+def checked_mixture(mixture: Mapping[str, float]) -> dict[str, float]:
+    """A mixture as a plain dict of name -> weight (ValueError: not a mapping of names to weights >= 0, one > 0)."""
+    if not isinstance(mixture, Mapping) or not mixture:
+        raise ValueError(f"mixture must be a non-empty dict of source name -> weight, not {mixture!r}")
+    out = {}
+    for name, w in mixture.items():
+        if not isinstance(name, str) or isinstance(w, bool) or not isinstance(w, numbers.Real) \
+                or not math.isfinite(float(w)) or float(w) < 0:
+            raise ValueError(f"mixture: {name!r}: {w!r} is not a weight (a finite number >= 0)")
+        out[name] = float(w)
+    if not any(out.values()):
+        raise ValueError(f"mixture: every weight is 0 ({out}); give one source a weight > 0")
+    return out
 
 
 _CONCERNS: dict[str, type] = {"cache": CacheOptions, "split": SplitOptions, "batch": BatchOptions}
@@ -134,4 +171,4 @@ class Options:
         return cls(**made)
 
 
-__all__ = ["DEFAULT_URL", "CacheOptions", "SplitOptions", "BatchOptions", "Options"]
+__all__ = ["DEFAULT_URL", "CacheOptions", "SplitOptions", "BatchOptions", "Options", "checked_mixture"]

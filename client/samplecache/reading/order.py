@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
+from typing import Protocol
 
 import numpy as np
 
@@ -26,8 +27,28 @@ def joined(runs: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     return np.repeat(np.array([i for i, _ in runs], np.int64), [len(r) for _, r in runs]), rows
 
 
+class GlobalOrder(Protocol):
+    """What a stream reads an epoch's order through (``EpochOrder``, ``mixture.MixedOrder``)."""
+
+    total: int
+    window: int
+    interleaved: bool  # neighbouring positions come from several shards in turn: no runs to read shard by shard
+
+    def __len__(self) -> int: ...
+
+    def warm(self) -> None: ...
+
+    def runs(self, a: int, b: int, out: list[tuple[int, np.ndarray]]) -> None: ...
+
+    def span(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def positions(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
 class EpochOrder:
     """Global position -> (manifest index, row) for one epoch of one manifest."""
+
+    interleaved = False
 
     def __init__(self, ids: np.ndarray, rows: np.ndarray, seed: int, epoch: int, shuffle: bool,
                  window: int = 0) -> None:
@@ -123,4 +144,4 @@ class EpochOrder:
         return idx, rows
 
 
-__all__ = ["EpochOrder", "joined"]
+__all__ = ["EpochOrder", "GlobalOrder", "joined"]

@@ -26,6 +26,7 @@ import numpy as np
 from samplecache.format.constants import CACHE_ID_KEY, MAX_READERS, META_DB
 from samplecache.format.record import BlockView, Schema, check_block, record_key
 from samplecache.reading.gather import PARALLEL_MIN_BYTES, copy_all
+from samplecache.reading.layouts import MappedView
 
 VALID_SUFFIX = "__valid"  # batches: the mask of a fixed column with nulls
 LARGE_SAMPLE_BYTES = 64 << 10  # samples this large are copied one by one (over threads), smaller ones gathered
@@ -176,6 +177,9 @@ class CacheReader:
         environment has SAMPLECACHE_VERIFY=1). ``cache_id``: the manifest's; reading a cache of another
         identity raises ``CacheReplaced`` ("": no check, a manifest sealed before caches had one)."""
         self.path, self.map_size, self.schema, self.cache_id = path, map_size, schema, cache_id
+        # shard id -> its source's schema and column map (layouts.column_maps), for the shards of sources whose
+        # schema is not ``schema`` (a manifest of several sources); empty: every block is in ``schema``
+        self.layouts: dict[int, tuple[Schema, list[int] | None]] = {}
         self.verify = verify or verify_from_env()
         self._verified = _VERIFIED.setdefault(path, set())
 
@@ -192,7 +196,12 @@ class CacheReader:
             if self.verify and k not in self._verified:
                 check_block(buf, sid, b)
                 self._verified.add(k)
-            views[k] = BlockView(buf, self.schema)
+            lay = self.layouts.get(sid) if self.layouts else None
+            if lay is None:
+                views[k] = BlockView(buf, self.schema)
+            else:
+                view = BlockView(buf, lay[0])
+                views[k] = view if lay[1] is None else MappedView(view, lay[1])  # type: ignore[assignment]
         return views
 
     def batch(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int],

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from samplecache.reading.order import EpochOrder, joined
+from samplecache.reading.order import GlobalOrder, joined
 
 DEFAULT_CHUNK = 4096
 FEW_RANGES = 32  # a chunk over fewer ranges reads each as a run; more (single samples dealt apart): vectorised
@@ -21,7 +21,7 @@ FEW_RANGES = 32  # a chunk over fewer ranges reads each as a run; more (single s
 class Stream:
     """Positions of one worker's samples, produced in chunks of (manifest index, row) arrays."""
 
-    def __init__(self, order: EpochOrder, batches: np.ndarray) -> None:
+    def __init__(self, order: GlobalOrder, batches: np.ndarray) -> None:
         """``batches``: (n, 2) [a, b) ranges of the order, read one after the other."""
         self.order = order
         if len(batches) > 1:
@@ -42,7 +42,7 @@ class Stream:
         if stop <= start:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         first, last = np.searchsorted(self.ends, [start, stop - 1], side="right").tolist()
-        if last - first < FEW_RANGES and not self.order.window and self.order.total:
+        if last - first < FEW_RANGES and not self.order.window and not self.order.interleaved and self.order.total:
             # a few ranges (batches of neighbouring positions): each read shard by shard, as contiguous runs
             got: list[tuple[int, np.ndarray]] = []
             near = slice(first, last + 1)
