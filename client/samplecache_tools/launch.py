@@ -25,16 +25,17 @@ def free_port() -> int:
 
 
 class DaemonProcess:
-    """``samplecache serve`` in a subprocess, logging to ``log_path``."""
+    """``samplecache serve`` in a subprocess, logging to ``log_path`` (``source`` None: from its config)."""
 
-    def __init__(self, source: str, cache_dir: str | os.PathLike[str], *, port: int | None = None,
+    def __init__(self, source: str | None, cache_dir: str | os.PathLike[str], *, port: int | None = None,
                  extra: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  log_path: str | os.PathLike[str] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cache_dir = Path(cache_dir)
         self.log_path = Path(log_path) if log_path else self.cache_dir.parent / f"daemon-{self.port}.log"
-        self.args = [sys.executable, "-m", "samplecache_service", "serve", "--source", source,
+        # source None: the sources come from elsewhere (a --config file, SAMPLECACHE_SOURCES)
+        self.args = [sys.executable, "-m", "samplecache_service", "serve", *(["--source", source] if source else []),
                      "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(self.port), *extra]
         self.env = dict(os.environ if env is None else env)
         self.proc: subprocess.Popen[bytes] | None = None

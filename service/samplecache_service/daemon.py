@@ -10,6 +10,7 @@ import threading
 import time
 from concurrent.futures import Future
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from samplecache_service.config.redact import redact, shown_id
@@ -18,7 +19,7 @@ from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.epochs.leasing import Leasing
 from samplecache_service.epochs.manager import EpochManager, EpochRules
-from samplecache_service.errors import NotFound
+from samplecache_service.errors import Conflict, Invalid, NotFound
 from samplecache_service.files import make_dir
 from samplecache_service.ops.control import configure
 from samplecache_service.ops.health import Health
@@ -119,8 +120,10 @@ class Daemon:
             self._close()
             raise StartupError("sources " + ", ".join(f"{a!r} and {b!r}" for a, b in both) + " lie one within the "
                                "other: their files cannot be told apart; give each its own prefix")
+        self._gone_bytes = 0  # read by the remotes of sources removed since start
         self.traffic = Traffic(Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate)),
-                               lambda: sum(r.bytes_read for r in remotes.values()))
+                               lambda: self._gone_bytes + sum(s.remote.bytes_read for s in list(self.sources.values())
+                                                              if s.remote is not None))
         rules = EpochRules(wait_max=settings.epoch_wait_max, max_samples=settings.epoch_max_samples,
                            keep_last=settings.epochs_kept, headroom=settings.epoch_headroom, seed=settings.seed)
         self.epochs = EpochManager(self.catalog, self.writer, self.leases, self.jobs, self.budget,
@@ -130,23 +133,15 @@ class Daemon:
         self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
         # the samplers' results go to their source's scheduler, built next (the supervisor starts in start())
         self.supervisor = Supervisor(settings.samplers, self._on_result)
-        self.sources: dict[str, Source] = {}
+        self.sources: dict[str, Source] = {}  # replaced whole when sources change (readers see one or the other)
         several = len(self.named) > 1 or DEFAULT_SOURCE not in self.named
         for name, (url, fraction) in self.named.items():
             try:
-                discovery = Discovery(remotes[name], self.catalog, self.writer, settings.columns, settings.part_bytes,
-                                      settings.schema_file, settings.filter, source=name)
+                self.sources[name] = self._make_source(name, url, fraction, remotes[name], several)
             except (SchemaConflict, FilterError) as e:
                 self._close()
                 raise StartupError(f"source {name!r}: {e}" if several else str(e)) from None
-            share = ShareOf(self.budget, fraction)
-            shown = redact(url)
-            scheduler = Scheduler(settings, self.catalog, self.writer, self.disk, self.traffic, self.supervisor,
-                                  share, discovery, pinned_epochs=self.epochs.pinned_epochs, make_room=self.make_room,
-                                  expire_leases=self.leasing.expire, die=self.health.die, source_shown=shown,
-                                  name=name, url=url, owns=owner(remotes[name]) if several else None,
-                                  slots=self._slots)
-            self.sources[name] = Source(name, shown, share, remotes[name], discovery, scheduler)
+        self._sources_lock = threading.Lock()
         # the first source answers where the daemon speaks of one (the default source, when there is one)
         first_source = next(iter(self.sources.values()), None)
         self.remote = first_source.remote if first_source else None
@@ -210,6 +205,84 @@ class Daemon:
     def evicted_shards(self) -> int:
         return self.scheduler.evicted_shards
 
+    def _make_source(self, name: str, url: str, fraction: float, remote: FsspecRemote, several: bool) -> Source:
+        """One named source's parts (raises SchemaConflict or FilterError from its discovery)."""
+        s = self.settings
+        discovery = Discovery(remote, self.catalog, self.writer, s.columns, s.part_bytes, s.schema_file, s.filter,
+                              source=name)
+        share = ShareOf(self.budget, fraction)
+        shown = redact(url)
+        scheduler = Scheduler(s, self.catalog, self.writer, self.disk, self.traffic, self.supervisor, share, discovery,
+                              pinned_epochs=self.epochs.pinned_epochs, make_room=self.make_room,
+                              expire_leases=self.leasing.expire, die=self.health.die, source_shown=shown, name=name,
+                              url=url, owns=owner(remote) if several else None, slots=self._slots)
+        return Source(name, shown, share, remote, discovery, scheduler)
+
+    def _start_source(self, source: Source) -> None:
+        """Run ``source``'s scheduler on a thread of its own: a source whose remote hangs never holds up
+        another's. It stops with the daemon, or when the source is removed."""
+        label = "scheduler" if len(self.sources) == 1 and source.name == DEFAULT_SOURCE else f"scheduler {source.name}"
+        self.health.thread(label).stopped = False
+        t = threading.Thread(target=self.health.run_loop, args=(label, source.scheduler.step, source.stopping),
+                             kwargs={"interval": 0.0}, name=f"samplecache-{label.replace(' ', '-')}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def set_sources(self, named: dict[str, tuple[str, float]]) -> dict[str, list[str]]:
+        """Add, re-share and remove sources while running (SIGHUP, PATCH /v1/config): ``named`` is the whole set
+        after the change, name -> (URL, fraction of the budget). A removed source stops sampling; its shards go
+        once no lease pins them. Raises errors.Invalid or errors.Conflict (nothing changed) with what is wrong."""
+        with self._sources_lock:
+            old = dict(self.sources)
+            moved = [n for n in named if n in old and old[n].remote.url != named[n][0]]
+            if moved:
+                raise Conflict(f"source(s) {moved} would change URL: a source's URL is fixed while the daemon runs "
+                               f"(its cached sample is of that URL); add the new URL under another name")
+            if not named:
+                raise Invalid("the sources would be none: keep at least one")
+            several = len(named) > 1 or DEFAULT_SOURCE not in named
+            remotes: dict[str, FsspecRemote] = {n: old[n].remote if n in old else FsspecRemote(
+                url, self.settings.storage_options, self.settings.table_version, self.settings.table_as_of)
+                for n, (url, _) in named.items()}
+            both = overlapping({n: r.root for n, r in remotes.items()})
+            if both:
+                raise Invalid("sources " + ", ".join(f"{a!r} and {b!r}" for a, b in both) + " lie one within the "
+                              "other: their files cannot be told apart; give each its own prefix")
+            try:
+                check_sources(self.catalog, self.writer, {n: u for n, (u, _) in named.items() if n not in old})
+            except StartupError as e:
+                raise Conflict(str(e)) from None
+            added = {}
+            for n, (url, fraction) in named.items():
+                if n not in old:
+                    try:
+                        added[n] = self._make_source(n, url, fraction, remotes[n], several)
+                    except (SchemaConflict, FilterError) as e:
+                        raise Invalid(f"source {n!r}: {e}") from None
+            reshared = [n for n in named if n in old and named[n][1] != old[n].share.fraction]
+            for n, (_, fraction) in named.items():
+                if n in old:
+                    old[n].share.fraction = fraction
+                    if several:
+                        old[n].scheduler.owns = owner(old[n].remote)
+            self.sources = {n: old[n] if n in old else added[n] for n in named}
+            removed = [n for n in old if n not in named]
+            for n in removed:
+                old[n].stopping.set()
+                self._gone_bytes += old[n].remote.bytes_read
+            if self._threads:  # started: the new sources sample at once
+                for source in added.values():
+                    self._start_source(source)
+            for source in self.sources.values():
+                source.scheduler.complete = False
+            first = next(iter(self.sources.values()))
+            self.remote, self.discovery, self.scheduler = first.remote, first.discovery, first.scheduler
+            self.writer.evict(self.make_room, "removed").add_done_callback(self.scheduler.count_evicted)
+        log.info("sources changed: %s added, %s removed; shares now %s", sorted(added) or "none",
+                 removed or "none", {n: round(s.share.fraction, 4) for n, s in self.sources.items()},
+                 extra={"event": "sources_changed"})
+        return {"added": sorted(added), "removed": removed, "reshared": reshared}
+
     def _close(self) -> None:
         """Undo the opening of the cache (a start that fails after it)."""
         self.writer.close()
@@ -219,7 +292,13 @@ class Daemon:
     def _on_result(self, result: SampleResult) -> None:
         """A sampler's result, to its source's scheduler (on the supervisor's thread)."""
         source = self.sources.get(result.task.name)
-        (source.scheduler if source is not None else self.scheduler).on_result(result)
+        if source is not None:
+            source.scheduler.on_result(result)
+            return
+        # a source removed while its unit was out: nothing of it is ingested
+        self.traffic.returned(result)
+        for staged, _ in result.parts or ([(result.staged, result.bytes)] if result.staged else []):
+            Path(staged).unlink(missing_ok=True)
 
     def _slots(self) -> int:
         """Units one source may have out at the samplers: an equal part of twice their number among the sources
@@ -258,14 +337,8 @@ class Daemon:
     def start(self) -> None:
         self._recover_staging()
         self.supervisor.start()
-        # one thread per source: a source whose remote hangs never holds up another's
-        for name, source in self.sources.items():
-            label = "scheduler" if len(self.sources) == 1 else f"scheduler {name}"
-            t = threading.Thread(target=self.health.run_loop, args=(label, source.scheduler.step, self._stop),
-                                 kwargs={"interval": 0.0}, name=f"samplecache-{label.replace(' ', '-')}",
-                                 daemon=True)
-            t.start()
-            self._threads.append(t)
+        for source in self.sources.values():
+            self._start_source(source)
         if set(self.catalog.resident_sources()) - set(self.sources):  # a source removed: its shards may go
             self.writer.evict(self.make_room, "removed").add_done_callback(self.scheduler.count_evicted)
         t = threading.Thread(target=self.health.run_loop, name="samplecache-history", daemon=True,
@@ -282,6 +355,8 @@ class Daemon:
         if self._stop.is_set():
             return
         self._stop.set()
+        for source in self.sources.values():
+            source.stopping.set()
         self.supervisor.stopping()  # from now on a sampler that dies is not replaced
         for t in self._threads:
             t.join(timeout=5)

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -273,3 +275,52 @@ def test_a_failing_source_leaves_the_others_ingesting_within_their_shares(s3: An
             cc.wait_for(lambda: sources(d)["code"]["samples"] > 0, 60, "code to ingest once its remote is back")
         finally:
             d.stop()
+
+
+# -- changing sources while the daemon runs: SIGHUP (the config file) and PATCH /v1/config -----------------
+def test_sources_added_and_removed_by_sighup_and_by_patch(s3: Any, bucket: str, tmp_path: Path) -> None:
+    urls = upload(s3, bucket, "mixtures-reload")
+    config = tmp_path / "samplecache.toml"
+    config.write_text(f'[sources.web]\nurl = "{urls["web"]}"\n[sources.code]\nurl = "{urls["code"]}"\n')
+    d = DaemonProcess(None, tmp_path / "cache", extra=["--config", str(config), "--samplers", "2"], env=s3.env(),
+                      log_path=tmp_path / "daemon.log")
+    d.start(timeout=60)
+    try:
+        cc.wait_for(lambda: sources(d).get("code", {}).get("samples") == ROWS["code"], 90, "code cached")
+        # math added, code removed, by the config file and a SIGHUP
+        config.write_text(config.read_text().replace("[sources.code]", "[sources.math]").replace(
+            urls["code"], urls["math"]))
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGHUP)
+        cc.wait_for(lambda: sorted(sources(d)) == ["math", "web"], 30, "the reload to change the sources")
+        cc.wait_for(lambda: sources(d)["math"]["samples"] == ROWS["math"], 90, "math cached after the reload")
+        status = cc.get_json(d.url + "/v1/status")
+        assert status["config"]["last_error"] is None
+        # a job that asks for the removed source is told which sources there are
+        ds = SampleCacheDataset(d.url, columns=["id"], mixture={"code": 1.0}, job="gone-source")
+        with pytest.raises(LookupError, match=r"source\(s\) \['code'\].*holds \['math', 'web'\]"):
+            next(iter(ds))
+        ds.close()
+        # PATCH: code back, under another share; a local path is refused (422) and changes nothing
+        token = (tmp_path / "cache" / "api-token").read_text().strip()
+
+        def patch(body: dict[str, Any]) -> tuple[int, Any]:
+            req = urllib.request.Request(d.url + "/v1/config", data=json.dumps(body).encode(), method="PATCH",
+                                         headers={"Authorization": f"Bearer {token}",
+                                                  "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        code, got = patch({"sources": {"web": {"url": "file:///etc/"}}})
+        assert code == 422 and "path on the daemon's disk" in got["detail"], got
+        code, got = patch({"sources": {"web": {"url": urls["web"], "share": 0.5},
+                                       "code": {"url": urls["code"], "share": 0.5}}})
+        assert code == 200 and sorted(got["sources"]) == ["code", "web"], got
+        assert got["sources"]["code"]["share"] == 0.5
+        cc.wait_for(lambda: sorted(sources(d)) == ["code", "web"] and sources(d)["code"]["samples"] > 0, 60,
+                    "code sampled again after the PATCH")
+    finally:
+        d.stop()

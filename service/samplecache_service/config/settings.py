@@ -10,7 +10,7 @@ import re
 from contextvars import ContextVar
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Mapping, get_args
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -63,6 +63,37 @@ def named_pairs(value: Any, what: str) -> dict[str, str]:
             raise ValueError(f"{item!r} is not NAME={what} (a name is 1-64 characters of a-z, 0-9, _ and -)")
         out[m.group(1)] = m.group(2).strip()
     return out
+
+
+def resolve_sources(source: str, sources: Mapping[str, SourceSpec], share: Mapping[str, float]
+                    ) -> dict[str, tuple[str, float]]:
+    """Each source's (URL, fraction of max_bytes): a bare ``source`` is ``default``; ``share`` overrules the
+    sources' own. Shares that add up to more than 1, or that leave nothing for a source without one, are a
+    ValueError naming them."""
+    specs = dict(sources)
+    if source:
+        if DEFAULT_SOURCE in specs:
+            raise ValueError(f"a bare --source URL is the source named {DEFAULT_SOURCE!r}, which sources "
+                             f"also names: give one of them")
+        specs = {DEFAULT_SOURCE: SourceSpec(url=source), **specs}
+    unknown = sorted(set(share) - set(specs))
+    if unknown:
+        raise ValueError(f"share names unknown source(s) {unknown}; the sources are {sorted(specs)}")
+    shares = {n: share.get(n, s.share) for n, s in specs.items()}
+    for n, f in shares.items():
+        if f is not None and not 0 < f <= 1:
+            raise ValueError(f"source {n!r}: share {f} is not in (0, 1]")
+    given = {n: f for n, f in shares.items() if f is not None}
+    total = sum(given.values())
+    if total > 1 + 1e-9:
+        raise ValueError(f"the sources' shares add up to {total:g}, more than 1: "
+                         + ", ".join(f"{n}={f:g}" for n, f in sorted(given.items())))
+    rest = [n for n, f in shares.items() if f is None]
+    if rest and total >= 1 - 1e-9:
+        raise ValueError(f"the shares set ({', '.join(f'{n}={f:g}' for n, f in sorted(given.items()))}) leave "
+                         f"nothing for {rest}: give them shares, or lower the others")
+    each = (1 - total) / len(rest) if rest else 0.0
+    return {n: (s.url, given.get(n, each)) for n, s in specs.items()}
 
 
 # the eviction policies by name (store/eviction.py maps each to its order)
@@ -258,32 +289,8 @@ class Settings(BaseSettings):
         return self
 
     def named_sources(self) -> dict[str, tuple[str, float]]:
-        """Each source's (URL, fraction of max_bytes): a bare ``source`` is ``default``. Shares that add up to
-        more than 1, or that leave nothing for a source without one, are a ValueError naming them."""
-        specs = dict(self.sources)
-        if self.source:
-            if DEFAULT_SOURCE in specs:
-                raise ValueError(f"a bare --source URL is the source named {DEFAULT_SOURCE!r}, which sources "
-                                 f"also names: give one of them")
-            specs = {DEFAULT_SOURCE: SourceSpec(url=self.source), **specs}
-        unknown = sorted(set(self.share) - set(specs))
-        if unknown:
-            raise ValueError(f"share names unknown source(s) {unknown}; the sources are {sorted(specs)}")
-        shares = {n: self.share.get(n, s.share) for n, s in specs.items()}
-        for n, f in shares.items():
-            if f is not None and not 0 < f <= 1:
-                raise ValueError(f"source {n!r}: share {f} is not in (0, 1]")
-        given = {n: f for n, f in shares.items() if f is not None}
-        total = sum(given.values())
-        if total > 1 + 1e-9:
-            raise ValueError(f"the sources' shares add up to {total:g}, more than 1: "
-                             + ", ".join(f"{n}={f:g}" for n, f in sorted(given.items())))
-        rest = [n for n, f in shares.items() if f is None]
-        if rest and total >= 1 - 1e-9:
-            raise ValueError(f"the shares set ({', '.join(f'{n}={f:g}' for n, f in sorted(given.items()))}) leave "
-                             f"nothing for {rest}: give them shares, or lower the others")
-        each = (1 - total) / len(rest) if rest else 0.0
-        return {n: (s.url, given.get(n, each)) for n, s in specs.items()}
+        """Each source's (URL, fraction of max_bytes): a bare ``source`` is ``default`` (``resolve_sources``)."""
+        return resolve_sources(self.source, self.sources, self.share)
 
     @field_validator("log_level")
     @classmethod

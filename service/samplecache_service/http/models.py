@@ -304,8 +304,22 @@ class SamplerControl(BaseModel):
     state: str
 
 
+class SourceIn(BaseModel):
+    model_config = STRICT
+
+    url: str = Field(min_length=1, max_length=4096, description="A remote fsspec URL (s3://, gs://, az://, "
+                     "https://...); never a path on the daemon's disk")
+    share: float | None = Field(None, gt=0, le=1, description="Its fraction of max_bytes (null: an equal part of "
+                                "what the others leave)")
+
+
 class ConfigIn(BaseModel):
     model_config = STRICT
+
+    sources: dict[Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,64}$")], SourceIn] | None = Field(
+        None, description="The whole set of named sources after the change: a source left out is removed (its "
+        "shards go once no lease pins them), a new one is added, a share changed is applied at once; a source's URL "
+        "cannot change")
 
     max_bytes: Budget | None = Field(None, description="New budget: bytes or a size such as '500GB', '2GiB'")
     eviction_policy: str | None = Field(None, pattern=f"^({'|'.join(sorted(POLICIES))})$",
@@ -321,6 +335,8 @@ class ConfigIn(BaseModel):
 
 
 class ConfigOut(BaseModel):
+    sources: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Each source's URL (credentials "
+                                               "masked) and share")
     max_bytes: int
     eviction_policy: str
     min_free_disk: int

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def ingest_rate(d: "Daemon", window: float = 60.0) -> dict[str, float]:
     now = time.time()
-    recent = [(t, r, b) for t, r, b in list(d.scheduler.ingests) if now - t <= window]
+    recent = [(t, r, b) for s in list(d.sources.values()) for t, r, b in list(s.scheduler.ingests) if now - t <= window]
     span = min(window, max(1e-9, now - d.started))
     return {"samples_per_s": sum(r for _, r, _ in recent) / span,
             "bytes_per_s": sum(b for _, _, b in recent) / span}

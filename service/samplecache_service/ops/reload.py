@@ -27,13 +27,16 @@ class Configurable(Protocol):
 
     def configure(self, **changes: Any) -> Future[None]: ...
 
+    def set_sources(self, named: dict[str, tuple[str, float]]) -> dict[str, list[str]]: ...
+
 log = logging.getLogger(__name__)
 
 # setting name -> the keyword of Daemon.configure
 DAEMON_RUNTIME = {"max_bytes": "max_bytes", "eviction_policy": "policy", "min_free_disk": "min_free_disk",
                   "epoch_max_samples": "epoch_max_samples", "pacing": "pacing",
                   "replace_per_epoch": "replace_per_epoch", "max_ingest_rate": "max_ingest_rate"}
-RUNTIME = frozenset(DAEMON_RUNTIME) | {"log_level"}
+SOURCES = frozenset({"source", "sources", "share"})  # applied together: Daemon.set_sources(named_sources())
+RUNTIME = frozenset(DAEMON_RUNTIME) | {"log_level"} | SOURCES
 
 
 def changes(old: Settings, new: Settings, live: Mapping[str, Any] | None = None
@@ -101,7 +104,7 @@ class Reloader:
             for warning in table_traps(loaded.config):
                 log.warning("%s", warning, extra={"event": "config_key_in_table"})
             runtime, restart = changes(self.current, loaded.settings, self.daemon.runtime_config())
-            error = self._apply(runtime)
+            error = self._apply(runtime, loaded.settings)
             applied = {} if error else runtime
             if applied:
                 self.current = self.current.model_copy(update=applied)
@@ -116,8 +119,14 @@ class Reloader:
                     extra={"event": "config_reloaded"})
             return {"applied": applied, "needs_restart": restart, "error": error}
 
-    def _apply(self, runtime: dict[str, Any]) -> str | None:
-        """Apply ``runtime`` (all or nothing for the daemon's part); the error that refused it, or None."""
+    def _apply(self, runtime: dict[str, Any], new: Settings) -> str | None:
+        """Apply ``runtime`` (all or nothing for the daemon's part; the sources first, as a whole, from ``new``);
+        the error that refused it, or None."""
+        if SOURCES & set(runtime):
+            try:
+                self.daemon.set_sources(new.named_sources())
+            except (Invalid, Conflict) as e:
+                return str(e)
         kw = {DAEMON_RUNTIME[n]: (int(v) if n in ("max_bytes", "min_free_disk", "max_ingest_rate") else v)
               for n, v in runtime.items() if n in DAEMON_RUNTIME}
         if kw:

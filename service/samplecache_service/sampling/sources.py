@@ -4,7 +4,8 @@ coverage and failures), sharing the samplers, the LMDB writer and the budget, of
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from samplecache_service.remote.discovery import Discovery
@@ -18,9 +19,10 @@ class Source:
     name: str
     shown: str  # the URL, credentials masked
     share: ShareOf
-    remote: FsspecRemote | None
+    remote: FsspecRemote
     discovery: Discovery | None
     scheduler: Scheduler
+    stopping: threading.Event = field(default_factory=threading.Event)  # set: its scheduler's thread ends
 
     def ready(self) -> bool:
         """Whether a new epoch may name this source's shards: its schema is known, and on a warm cache of a table

@@ -171,3 +171,49 @@ def test_source_flags_name_sources_and_a_bare_url_is_default() -> None:
                                       "--share", "web=0.25"])
     s = Settings(**_flags(args))
     assert s.named_sources() == {"default": ("s3://b/k=v/", 0.75), "web": ("s3://b/web/", 0.25)}
+
+
+def test_sources_are_added_reshared_and_removed_while_running(run: Callable[..., Daemon], data: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    from samplecache_service.errors import Conflict, Invalid
+    budget = 2_400_000
+    d = run(sources={"web": {"url": f"file://{data['web']}/"}, "code": {"url": f"file://{data['code']}/"}},
+            max_bytes=budget, pacing="off")
+    _until(lambda: d.catalog.resident("code").rows == 2000, 60, "code to be cached")
+    got = d.set_sources({"web": (f"file://{data['web']}/", 0.8), "math": (f"file://{data['math']}/", 0.2)})
+    assert got == {"added": ["math"], "removed": ["code"], "reshared": ["web"]}
+    assert sorted(d.sources) == ["math", "web"] and d.sources["web"].share.fraction == 0.8
+    _until(lambda: d.catalog.resident("math").rows == 400, 60, "the added source to be cached")
+    _until(lambda: d.catalog.resident("code").shards == 0, 30, "the removed source's shards to go")
+    _until(lambda: d.catalog.resident("web").bytes > 0.5 * budget, 60, "web to grow into its larger share")
+    assert d.epoch_shares() == {"web": 0.8, "math": 0.2}  # a new epoch no longer names code
+    with pytest.raises(Conflict, match="would change URL"):
+        d.set_sources({"web": (f"file://{data['code']}/", 1.0)})
+    with pytest.raises(Invalid, match="lie one within the other"):
+        d.set_sources({"web": (f"file://{data['web']}/", 0.5), "sub": (f"file://{data['web']}/x/", 0.5)})
+    assert sorted(d.sources) == ["math", "web"]  # a refused change changes nothing
+
+
+def test_a_reload_applies_the_config_files_sources(data: dict[str, Path], tmp_path: Path) -> None:
+    from samplecache_service.config.file import load
+    from samplecache_service.ops.reload import Reloader
+    config = tmp_path / "samplecache.toml"
+    config.write_text(f'max_bytes = "64MiB"\nsamplers = 1\nmin_free_disk = 0\ncache_dir = "{tmp_path / "c"}"\n'
+                      f'[sources.web]\nurl = "file://{data["web"]}/"\n[sources.code]\nurl = "file://{data["code"]}/"\n')
+    loaded = load({}, config)
+    d = Daemon(loaded.settings)
+    try:
+        d.check_remote()
+        d.start()
+        reloader = Reloader({}, config, loaded, d, lambda level: None)
+        config.write_text(config.read_text().replace("[sources.code]", "[sources.math]").replace(
+            str(data["code"]), str(data["math"])) + "share = 0.25\n")
+        got = reloader.reload()
+        assert got["error"] is None and "sources" in got["applied"], got
+        assert {n: s.share.fraction for n, s in d.sources.items()} == {"web": 0.75, "math": 0.25}
+        _until(lambda: d.catalog.resident("math").rows == 400, 60, "the source added by the reload")
+        config.write_text(config.read_text() + "[sources.bad]\nurl = \"file:///x/\"\nshare = 0.9\n")
+        got = reloader.reload()  # shares over 1: refused whole, nothing changes
+        assert "more than 1" in got["error"] and sorted(d.sources) == ["math", "web"]
+    finally:
+        d.stop()

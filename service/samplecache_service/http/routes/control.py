@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
+import fsspec
 from fastapi import APIRouter, Query
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from samplecache.format.constants import MAX_NUMBER
 from samplecache_service.config.redact import redact
+from samplecache_service.config.settings import SourceSpec, resolve_sources
 from samplecache_service.errors import Invalid
 from samplecache_service.http.deps import DaemonDep, TokenDep
-from samplecache_service.http.models import ConfigIn, ConfigOut, SamplerControl, ShardPage, problems
+from samplecache_service.http.models import ConfigIn, ConfigOut, SamplerControl, ShardPage, SourceIn, problems
 
 router = APIRouter(tags=["control"])
 _SIZE = TypeAdapter(ByteSize)
@@ -52,7 +54,21 @@ async def resume(d: DaemonDep) -> Any:
 
 
 def _config(d: Any) -> dict[str, Any]:
-    return dict(d.runtime_config())
+    return {**d.runtime_config(),
+            "sources": {n: {"url": s.shown, "share": s.share.fraction} for n, s in d.sources.items()}}
+
+
+def _named(body: dict[str, SourceIn]) -> dict[str, tuple[str, float]]:
+    """The sources a PATCH names, resolved; a URL on the daemon's disk is refused (no request names a path)."""
+    for name, spec in body.items():
+        protocol = fsspec.core.split_protocol(spec.url)[0]
+        if protocol in (None, "file", "local"):
+            raise Invalid(f"source {name!r}: {redact(spec.url)!r} is a path on the daemon's disk, which no request "
+                          f"may name; add a local source in the config file and reload it (SIGHUP)")
+    try:
+        return resolve_sources("", {n: SourceSpec(url=s.url, share=s.share) for n, s in body.items()}, {})
+    except ValueError as e:
+        raise Invalid(str(e)) from None
 
 
 def _size(name: str, v: int | str | None) -> int | None:
@@ -75,7 +91,10 @@ async def get_config(d: DaemonDep) -> Any:
 @router.patch("/v1/config", response_model=ConfigOut, responses=problems(400, 401, 409, 413, 422),
               dependencies=[TokenDep])
 async def patch_config(d: DaemonDep, body: ConfigIn) -> Any:
-    """Change the budget, eviction policy, free-disk guard, epoch cap or pacing at runtime (until restart)."""
+    """Change the budget, eviction policy, free-disk guard, epoch cap, pacing or the sources at runtime (until
+    restart)."""
+    if body.sources is not None:
+        await asyncio.to_thread(d.set_sources, _named(body.sources))
     await asyncio.wrap_future(d.configure(  # errors.Invalid / Conflict: mapped to statuses in api.py
         max_bytes=_size("max_bytes", body.max_bytes), policy=body.eviction_policy,
         min_free_disk=_size("min_free_disk", body.min_free_disk), epoch_max_samples=body.epoch_max_samples,
