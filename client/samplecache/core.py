@@ -463,6 +463,11 @@ class Reader:
             items = self._sample_items(plan, stream, 0, batch.prefetch, threads)
         holder = f"rank {pos.rank} worker {pos.worker}"
         keeper = self.source.keeper(plan, holder)
+        mixed = stream.order if isinstance(stream.order, MixedOrder) else None
+        if mixed is not None:  # the job's record of the epoch's mixture (GET /v1/jobs/{name}), and reads per source
+            self.source.record_mixture(epoch, {"mixture": dict(mixed.weights), "mix": mixed.mix,
+                                               "epoch_samples": split.epoch_samples, "counts": dict(mixed.counts)})
+            per_source: dict[str, int] = {}
         prefetch_at = int(PREFETCH_AT * stream.total) if self.cache.prefetch_next else -1
         done, began = 0, time.monotonic()
         try:
@@ -476,6 +481,10 @@ class Reader:
                     prefetch_at = -1
                 if keeper is not None:
                     keeper.read = done
+                    if mixed is not None:
+                        for name, k in mixed.source_counts(stream.global_positions(done - n, done)).items():
+                            per_source[name] = per_source.get(name, 0) + k
+                        keeper.read_sources = dict(per_source)
                 yield done, item
         finally:
             self.source.done(keeper)

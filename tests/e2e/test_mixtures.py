@@ -121,6 +121,13 @@ def test_every_epoch_holds_exact_per_source_counts(url: str, mix: str) -> None:
                 for n, w in MIX.items():
                     assert abs(got.get(n, 0) - 32 * w) < 1, (n, got)
     ds.close()
+    # the job's record: each epoch's mixture and counts, and its samples read per source (reported by its leases)
+
+    def recorded() -> Any:
+        rows = cc.get_json(f"{url}/v1/jobs/exact-{mix}")["epochs"][:2]  # a third: the next, fetched ahead
+        return all(r["samples_read_by_source"] == want for r in rows) and rows
+    for row in cc.wait_for(recorded, 30, "the job's per-source reads"):
+        assert row["mixture"] == {"mixture": MIX, "mix": mix, "epoch_samples": None, "counts": want}, row
 
 
 def test_upsampling_repeats_each_sample_floor_or_ceil_times(url: str) -> None:

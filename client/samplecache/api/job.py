@@ -43,6 +43,12 @@ class JobClient:
         self.start = int(got["start_epoch"])
         return self.start
 
+    def record_mixture(self, job_epoch: int, record: dict[str, Any]) -> None:
+        """Tell the daemon the mixture ``job_epoch`` reads and its samples per source (GET /v1/jobs/{name})."""
+        request_json(f"{self.url}/v1/jobs/{quote(self.name)}/epochs/{int(job_epoch)}/mixture?run={self.run}",
+                     "PUT", self.token, record, retries=self.retries, deadline=self.deadline,
+                     what=f"recording job {self.name!r} epoch {int(job_epoch)}'s mixture")
+
     def daemon_epoch(self, job_epoch: int, min_samples: int = 1, wait: float = 30.0,
                      replay: int | None = None) -> int:
         """The daemon epoch that ``job_epoch`` reads (sealed now if the job has not read it before; with

@@ -9,12 +9,14 @@ the lease expires by itself anyway.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 from multiprocessing import util as mp_util
 from typing import Any
+from urllib.parse import quote
 
 from samplecache.api.client import DEFAULT_DEADLINE, DaemonError, request_json
 
@@ -31,6 +33,7 @@ class LeaseKeeper:
                  job_epoch: int | None = None, deadline: float = DEFAULT_DEADLINE) -> None:
         self.url, self.epoch, self.token, self.deadline = url.rstrip("/"), epoch, token, deadline
         self.read = 0
+        self.read_sources: dict[str, int] | None = None  # of ``read``, per source (a mixture's reader)
         body: dict[str, Any] = {"holder": holder or f"{socket.gethostname()} pid {os.getpid()}"}
         if ttl is not None:
             body["ttl"] = ttl
@@ -55,7 +58,7 @@ class LeaseKeeper:
         while not self._stop.wait(self.ttl / 3):
             try:
                 request_json(f"{self.url}/v1/epochs/{self.epoch}/leases/{self.id}/heartbeat", "POST",
-                             self.token, {"read": self.read}, deadline=min(self.deadline, self.ttl / 3),
+                             self.token, self._report(), deadline=min(self.deadline, self.ttl / 3),
                              retries=1, what=f"renewing the lease on daemon epoch {self.epoch}")
             except DaemonError as e:
                 if self._stop.is_set():
@@ -65,6 +68,13 @@ class LeaseKeeper:
                     log.warning("lost the lease on epoch %d: %s", self.epoch, e)
                     return
                 log.warning("lease heartbeat failed (will retry): %s", e)
+
+    def _report(self) -> dict[str, Any]:
+        """What a heartbeat says of the reading: samples read, and per source for a mixture."""
+        got: dict[str, Any] = {"read": self.read}
+        if self.read_sources:
+            got["read_sources"] = dict(self.read_sources)
+        return got
 
     def alive(self) -> bool:
         """Heartbeating in this process (a copy inherited across fork is not)."""
@@ -97,7 +107,8 @@ class LeaseKeeper:
 
     def _send_release(self) -> None:
         try:
-            request_json(f"{self.url}/v1/epochs/{self.epoch}/leases/{self.id}?read={int(self.read)}", "DELETE",
+            per = f"&read_sources={quote(json.dumps(self.read_sources))}" if self.read_sources else ""
+            request_json(f"{self.url}/v1/epochs/{self.epoch}/leases/{self.id}?read={int(self.read)}{per}", "DELETE",
                          self.token, deadline=min(self.deadline, RELEASE_DEADLINE), retries=1,
                          what=f"releasing the lease on daemon epoch {self.epoch}")
         except DaemonError as e:  # it will expire by itself

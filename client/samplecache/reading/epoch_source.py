@@ -13,6 +13,7 @@ waits, and the lease of an epoch read to its end is released in the background
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -31,6 +32,7 @@ from samplecache.reading.layouts import MixedColumns, column_maps
 from samplecache.reading.options import CacheOptions
 from samplecache.reading.reader import CacheReader
 
+log = logging.getLogger("samplecache.epochs")
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)
 END_WAIT = 1.0  # seconds an epoch's end waits for its lease's release (a daemon answers in milliseconds)
 
@@ -149,6 +151,7 @@ class EpochSource:
         self.resume = False  # the job must exist (set by load_state_dict)
         self._client: JobClient | None = None
         self._plans: dict[int, EpochPlan] = {}
+        self._recorded: set[int] = set()  # job epochs whose mixture this process told the daemon
         self._lock = threading.Lock()
         self._keepers: dict[int, LeaseKeeper] = {}  # leases taken ahead, with the next manifest
         self._live: set[LeaseKeeper] = set()  # leases of epochs being read in this process
@@ -298,6 +301,18 @@ class EpochSource:
         if got is not None:
             self._live.add(got)
         return got
+
+    def record_mixture(self, epoch: int, record: dict[str, Any]) -> None:
+        """Tell the daemon the mixture job epoch ``epoch`` reads (once per process and epoch; a daemon that
+        cannot take it is logged, never an error: the record is for people)."""
+        with self._lock:
+            if epoch in self._recorded:
+                return
+            self._recorded.add(epoch)
+        try:
+            self.attach().record_mixture(epoch, record)
+        except DaemonError as e:
+            log.warning("could not record job %s epoch %d's mixture on the daemon: %s", self.job_name, epoch, e)
 
     def done(self, keeper: LeaseKeeper | None) -> None:
         """The epoch was read (or reading stopped): release its lease, waiting at most ``END_WAIT`` for the

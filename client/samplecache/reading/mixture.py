@@ -297,6 +297,14 @@ class MixedOrder:
             j[sel] = self.prefix[k][lab[sel]] + local[off]
         return lab, j
 
+    def source_counts(self, g: np.ndarray) -> dict[str, int]:
+        """How many of global positions ``g`` each weighted source holds (what a reader read, per source)."""
+        if self.total == 0 or len(g) == 0:
+            return {}
+        lab, _ = self._labelled(np.asarray(g, dtype=np.int64) % self.total)
+        got = np.bincount(lab, minlength=len(self.counts)).tolist()
+        return {name: int(n) for name, n in zip(self.counts, got) if n}
+
     def warm(self) -> None:
         """Make what the first batch needs now: the first chunk's labels, each source's first row order."""
         if self.total:

@@ -37,6 +37,13 @@ class Stream:
     def __len__(self) -> int:
         return self.total
 
+    def global_positions(self, start: int, stop: int) -> np.ndarray:
+        """The positions in the epoch's global order of stream positions [start, stop)."""
+        s = np.arange(max(0, start), min(stop, self.total), dtype=np.int64)
+        k = np.searchsorted(self.ends, s, side="right")
+        got: np.ndarray = self.starts[k] + s - (self.ends[k] - self.lengths[k])
+        return got
+
     def _positions(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(manifest index, row) of stream positions [start, stop)."""
         if stop <= start:

@@ -52,6 +52,9 @@ class Job:
     # job epoch -> when it was mapped, until a lease on it is taken (the mapping's own pin: see recently_mapped)
     mapped_at: dict[int, float] = field(default_factory=dict)
     read: dict[int, int] = field(default_factory=dict)  # job epoch -> samples read by ended leases
+    read_sources: dict[int, dict[str, int]] = field(default_factory=dict)  # the same, per source (mixtures)
+    # job epoch -> the mixture its readers read: {"mixture", "mix", "epoch_samples", "counts"} (PUT by the client)
+    mixtures: dict[int, dict[str, Any]] = field(default_factory=dict)
     superseded: list[str] = field(default_factory=list)  # earlier runs, which may no longer read
     expired: bool = False
 
@@ -60,16 +63,19 @@ class Job:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("epochs", "mapped_at", "read"):
+        for k in _BY_EPOCH:
             d[k] = {str(e): v for e, v in d[k].items()}
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Job":
         d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}  # saved by another version
-        for k in ("epochs", "mapped_at", "read"):
+        for k in _BY_EPOCH:
             d[k] = {int(e): v for e, v in (d.get(k) or {}).items()}
         return cls(**d)
+
+
+_BY_EPOCH = ("epochs", "mapped_at", "read", "read_sources", "mixtures")  # Job fields keyed by job epoch
 
 
 class JobTable:
@@ -164,15 +170,31 @@ class JobTable:
                 job.epochs.pop(old, None)
                 job.mapped_at.pop(old, None)
                 job.read.pop(old, None)
+                job.read_sources.pop(old, None)
+                job.mixtures.pop(old, None)
 
-    def add_read(self, name: str | None, job_epoch: int | None, samples: int) -> None:
-        """Samples read by a lease that ended (released or expired)."""
+    def add_read(self, name: str | None, job_epoch: int | None, samples: int,
+                 by_source: dict[str, int] | None = None) -> None:
+        """Samples read by a lease that ended (released or expired), in all and per source."""
         if name is None or job_epoch is None or samples <= 0:
             return
         with self._lock:
             job = self._jobs.get(name)
             if job is not None:
                 job.read[job_epoch] = job.read.get(job_epoch, 0) + samples
+                if by_source:
+                    got = job.read_sources.setdefault(job_epoch, {})
+                    for source, n in by_source.items():
+                        got[source] = got.get(source, 0) + int(n)
+
+    def set_mixture(self, name: str, run: str | None, job_epoch: int, record: dict[str, Any]) -> None:
+        """Record the mixture job epoch ``job_epoch`` reads (its readers all send the same; the first stays)."""
+        job = self.job(name, run)
+        with self._lock:
+            if job_epoch not in job.epochs:
+                raise NotFound(f"job {name!r} has no epoch {job_epoch} mapped: map it first "
+                               f"(POST /v1/jobs/{name}/epochs/{job_epoch})")
+            job.mixtures.setdefault(job_epoch, dict(record))
 
     def lease_taken(self, name: str, job_epoch: int) -> None:
         """A reader of the job's epoch took its lease: the lease pins the epoch now, the mapping no longer."""

@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 from collections import Counter, OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from samplecache_service.errors import Gone, Invalid, NotFound, ServiceError, TooMany
@@ -33,9 +33,18 @@ class Lease:
     run: str | None = None  # that job's run
     job_epoch: int | None = None  # that job's epoch number for this daemon epoch
     read: int = 0  # samples this reader has read (reported with heartbeats and the release)
+    read_sources: dict[str, int] = field(default_factory=dict)  # of them, per source (a mixture's reader)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _count(lease: Lease, read: int | None, read_sources: dict[str, int] | None) -> None:
+    """A reader's report: counts only grow (a late heartbeat never takes back what a newer one said)."""
+    if read is not None:
+        lease.read = max(lease.read, int(read))
+    for name, n in (read_sources or {}).items():
+        lease.read_sources[name] = max(lease.read_sources.get(name, 0), int(n))
 
 
 class LeaseTable:
@@ -107,7 +116,8 @@ class LeaseTable:
             self._add(lease)
         return lease
 
-    def heartbeat(self, epoch: int, lease_id: str, read: int | None = None) -> Lease:
+    def heartbeat(self, epoch: int, lease_id: str, read: int | None = None,
+                  read_sources: dict[str, int] | None = None) -> Lease:
         now = self.clock()
         with self._lock:
             lease = self._leases.get(lease_id)
@@ -117,17 +127,16 @@ class LeaseTable:
             if lease is None or lease.epoch != epoch:
                 raise self._missing(epoch, lease_id, now)
             lease.expires_at = now + lease.ttl
-            if read is not None:
-                lease.read = max(lease.read, int(read))
+            _count(lease, read, read_sources)
             return lease
 
-    def release(self, epoch: int, lease_id: str, read: int | None = None) -> Lease:
+    def release(self, epoch: int, lease_id: str, read: int | None = None,
+                read_sources: dict[str, int] | None = None) -> Lease:
         with self._lock:
             lease = self._leases.get(lease_id)
             if lease is None or lease.epoch != epoch:
                 raise self._missing(epoch, lease_id, self.clock())
-            if read is not None:
-                lease.read = max(lease.read, int(read))
+            _count(lease, read, read_sources)
             return self._drop(lease_id)
 
     def _collect(self, now: float) -> None:

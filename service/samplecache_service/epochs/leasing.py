@@ -84,15 +84,17 @@ class Leasing:
         self.writer.submit(lambda txn: self.missing_shards(epoch)).add_done_callback(settled)
         return taken
 
-    def heartbeat(self, epoch: int, lease_id: str, read: int | None = None) -> Lease:
+    def heartbeat(self, epoch: int, lease_id: str, read: int | None = None,
+                  read_sources: dict[str, int] | None = None) -> Lease:
         """Keep a lease alive (not written to disk: a restart gives every saved lease a fresh TTL)."""
         lease = self.leases.get(lease_id)
         if lease is not None and lease.job is not None:
             self.jobs.job(lease.job, lease.run)  # a replaced run is told so (409)
-        return self.leases.heartbeat(epoch, lease_id, read)
+        return self.leases.heartbeat(epoch, lease_id, read, read_sources)
 
-    def release(self, epoch: int, lease_id: str, read: int | None = None) -> Lease:
-        lease = self.leases.release(epoch, lease_id, read)
+    def release(self, epoch: int, lease_id: str, read: int | None = None,
+                read_sources: dict[str, int] | None = None) -> Lease:
+        lease = self.leases.release(epoch, lease_id, read, read_sources)
         self.ended([lease])
         return lease
 
@@ -116,7 +118,7 @@ class Leasing:
         records: dict[str, dict[str, Any] | None] = {}
         newest = self.epochs.last_sealed()
         for lease in leases:
-            self.jobs.add_read(lease.job, lease.job_epoch, lease.read)
+            self.jobs.add_read(lease.job, lease.job_epoch, lease.read, lease.read_sources)
             records[lease.id] = None
             if lease.read == 0 and lease.epoch == newest:
                 self.epochs.hold(lease.epoch)

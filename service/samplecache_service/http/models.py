@@ -228,12 +228,15 @@ class LeaseOut(BaseModel):
     job: str | None = None
     job_epoch: int | None = None
     read: int = 0
+    read_sources: dict[str, int] = Field(default_factory=dict, description="Of them, per source (a mixture's reader)")
 
 
 class HeartbeatIn(BaseModel):
     model_config = STRICT
 
     read: int | None = Field(None, ge=0, le=MAX_NUMBER, description="Samples this reader has read so far")
+    read_sources: dict[str, Annotated[int, Field(ge=0, le=MAX_NUMBER)]] | None = Field(
+        None, max_length=1024, description="Of them, per source (a mixture's reader)")
 
 
 class JobIn(BaseModel):
@@ -253,6 +256,20 @@ class JobEpochOut(BaseModel):
                               "the checkpoint and before the crash are delivered (and counted) again, so this can "
                               "exceed samples")
     leases: int = Field(description="Live leases of the job on it")
+    mixture: dict[str, Any] | None = Field(None, description="The mixture it reads, as its readers recorded it: "
+                                           "mixture (weights), mix, epoch_samples and counts (samples per source)")
+    samples_read_by_source: dict[str, int] = Field(default_factory=dict, description="samples_read per source "
+                                                   "(a mixture's readers report it)")
+
+
+class MixtureIn(BaseModel):
+    model_config = STRICT
+
+    mixture: dict[str, float] = Field(max_length=1024, description="The weights asked for (normalised)")
+    mix: str = Field("random", pattern="^(random|stratified)$")
+    epoch_samples: int | None = Field(None, ge=1, le=MAX_NUMBER)
+    counts: dict[str, Annotated[int, Field(ge=0, le=MAX_NUMBER)]] = Field(max_length=1024, description="The "
+                                                                           "epoch's samples per source")
 
 
 class JobOut(BaseModel):

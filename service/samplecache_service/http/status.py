@@ -84,7 +84,7 @@ def sources_of(d: "Daemon") -> list[SourceStatus]:
         out.append(SourceStatus(
             name=name, url=src.shown, share=src.share.fraction, max_bytes=src.share.max_bytes, bytes=held.bytes,
             samples=held.rows, shards=held.shards, state=s.state(),
-            reason=redact(s.paused_reason) if s.paused_reason else None, problem=src.problem(),
+            reason=redact(s.paused_reason) if s.paused_reason else None, problem=redact(src.problem() or "") or None,
             coverage=s.coverage(), remote_bytes=src.remote.bytes_read if src.remote is not None else 0,
             remote_errors=s.remote_errors, last_error=redact(s.last_error) if s.last_error else None,
             quarantined=quarantined, skipped_columns=src.discovery.skipped if src.discovery else {},

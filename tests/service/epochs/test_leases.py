@@ -37,7 +37,7 @@ def test_take_gives_a_lease_with_the_default_ttl(table: LeaseTable, clock: FakeC
     assert table.epochs() == {3}
     assert lease.to_json() == {"id": lease.id, "epoch": 3, "ttl": 10.0, "expires_at": clock.now + 10.0,
                                "created_at": clock.now, "holder": "host pid 1", "job": None, "run": None,
-                               "job_epoch": None, "read": 0}
+                               "job_epoch": None, "read": 0, "read_sources": {}}
 
 
 def test_take_with_an_explicit_ttl(table: LeaseTable, clock: FakeClock) -> None:
@@ -332,3 +332,12 @@ def test_select_with_a_cap_smaller_than_any_shard_keeps_one() -> None:
     shards = [shard(i, 100) for i in range(1, 6)]
     got = select_shards(shards, 10, seed=3, epoch=2)
     assert len(got) == 1 and got[0] in shards
+
+
+def test_per_source_reads_only_grow_and_end_with_the_lease(table: LeaseTable) -> None:
+    lease = table.take(1, job="j", run="r", job_epoch=0)
+    table.heartbeat(1, lease.id, 30, {"web": 20, "code": 10})
+    table.heartbeat(1, lease.id, 25, {"web": 15, "math": 5})  # late: never takes back what a newer one said
+    assert lease.read == 30 and lease.read_sources == {"web": 20, "code": 10, "math": 5}
+    ended = table.release(1, lease.id, 40, {"web": 28, "code": 12})
+    assert ended.read == 40 and ended.read_sources == {"web": 28, "code": 12, "math": 5}

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from samplecache.format.constants import MAX_NUMBER
+from samplecache_service.errors import Invalid
 from samplecache_service.http.deps import EpochsDep, LeasingDep, TokenDep, is_authorized
 from samplecache_service.http.models import HeartbeatIn, LeaseIn, LeaseOut, problems
 
@@ -55,12 +57,30 @@ async def take_lease(leasing: LeasingDep, epoch: Epoch, body: LeaseIn | None = N
              dependencies=[TokenDep])
 async def heartbeat(leasing: LeasingDep, epoch: Epoch, lease_id: LeaseId, body: HeartbeatIn | None = None) -> Any:
     """Keep the lease alive; ``read`` reports the samples its reader has read."""
-    return leasing.heartbeat(epoch, lease_id, (body or HeartbeatIn()).read).to_json()
+    body = body or HeartbeatIn()
+    return leasing.heartbeat(epoch, lease_id, body.read, body.read_sources).to_json()
+
+
+def _per_source(raw: str | None) -> dict[str, int] | None:
+    """The ``read_sources`` query: a JSON object of names -> counts (Invalid: anything else)."""
+    if raw is None:
+        return None
+    try:
+        got = json.loads(raw)
+    except ValueError:
+        got = None
+    if not isinstance(got, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                            and 0 <= v <= MAX_NUMBER for k, v in got.items()):
+        raise Invalid("read_sources must be a JSON object of source name -> samples read (an int >= 0)")
+    return got
 
 
 @router.delete("/v1/epochs/{epoch}/leases/{lease_id}", status_code=204, responses=WRITES, dependencies=[TokenDep])
 async def release(leasing: LeasingDep, epoch: Epoch, lease_id: LeaseId,
                   read: Annotated[int | None, Query(ge=0, le=MAX_NUMBER,
-                                                    description="Samples its reader read")] = None) -> Response:
-    leasing.release(epoch, lease_id, read)
+                                                    description="Samples its reader read")] = None,
+                  read_sources: Annotated[str | None, Query(max_length=65536, description="Of them, per source: a "
+                                                            "JSON object of source name -> samples")] = None
+                  ) -> Response:
+    leasing.release(epoch, lease_id, read, _per_source(read_sources))
     return Response(status_code=204)

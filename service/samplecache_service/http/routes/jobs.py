@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from samplecache.format.constants import MAX_NUMBER
 from samplecache_service.epochs.jobs import NAME_PATTERN, RUN_PATTERN, Job
@@ -14,7 +14,7 @@ from samplecache_service.epochs.leasing import Leasing
 from samplecache_service.epochs.manager import EpochManager
 from samplecache_service.errors import Conflict, Gone, NotFound
 from samplecache_service.http.deps import EpochsDep, JobsDep, LeasingDep, TokenDep
-from samplecache_service.http.models import JobEpochMap, JobIn, JobOut, problems
+from samplecache_service.http.models import JobEpochMap, JobIn, JobOut, MixtureIn, problems
 
 router = APIRouter(tags=["jobs"])  # errors.ServiceError raised below: mapped to statuses in api.py
 Name = Annotated[str, Path(pattern=NAME_PATTERN, description="The job's name")]
@@ -29,8 +29,13 @@ def job_out(leasing: Leasing, epochs: EpochManager, job: Job) -> dict[str, Any]:
     for e in sorted(job.epochs)[-EPOCHS_SHOWN:]:
         de = job.epochs[e]
         mine = [l for l in leases if l.job_epoch == e]
+        by_source = dict(job.read_sources.get(e, {}))
+        for lease in mine:
+            for source, n in lease.read_sources.items():
+                by_source[source] = by_source.get(source, 0) + n
         rows.append({"job_epoch": e, "daemon_epoch": de, "samples": summaries.get(str(de), {}).get("samples"),
-                     "samples_read": job.read.get(e, 0) + sum(l.read for l in mine), "leases": len(mine)})
+                     "samples_read": job.read.get(e, 0) + sum(l.read for l in mine), "leases": len(mine),
+                     "mixture": job.mixtures.get(e), "samples_read_by_source": by_source})
     state = "reading" if leases else ("expired" if job.expired else "idle")
     return {"name": job.name, "state": state, "created_at": job.created_at, "last_seen": job.last_seen,
             "last_heartbeat": max((l.expires_at - l.ttl for l in leases), default=None),
@@ -83,6 +88,17 @@ def _gone(leasing: Leasing, job: Job, job_epoch: int, daemon_epoch: int, missing
     return Gone(f"job {job.name!r} epoch {job_epoch} (daemon epoch {daemon_epoch}) can no longer be read: "
                 f"{why} {missing} of its shards were evicted since; continue at the job's next epoch: "
                 f"ds.set_epoch({nxt}) (samplecache.EpochGone has it as .next_epoch)", next_epoch=nxt)
+
+
+@router.put("/v1/jobs/{name}/epochs/{job_epoch}/mixture", status_code=204, responses=problems(401, 404, 409, 413, 422),
+            dependencies=[TokenDep])
+async def put_mixture(jobs: JobsDep, leasing: LeasingDep, name: Name, job_epoch: JobEpoch, body: MixtureIn,
+                      run: Annotated[str, Query(pattern=RUN_PATTERN, description="The job's run")]) -> Response:
+    """Record the mixture the job's epoch reads and its samples per source (GET /v1/jobs/{name} shows them). Its
+    readers all send the same; the first recorded stays."""
+    jobs.set_mixture(name, run, job_epoch, body.model_dump())
+    leasing.save_jobs()
+    return Response(status_code=204)
 
 
 @router.post("/v1/jobs/{name}/epochs/{job_epoch}", response_model=JobEpochMap,
