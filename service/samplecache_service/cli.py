@@ -261,7 +261,22 @@ def format_status(s: dict[str, Any]) -> str:
         out.append(f"quarantined: {q['path']}: {q['reason']}")
     for name, why in (s.get("skipped_columns") or {}).items():
         out.append(f"column left out: {name}: {why}")
+    if s.get("sources"):
+        out.append("")
+        out += _sources_table(s["sources"])
     return "\n".join(out)
+
+
+def _sources_table(sources: list[dict[str, Any]]) -> list[str]:
+    """A row per named source: its share, what it holds of it, its state, and what is wrong (or why it waits)."""
+    heads = ("name", "share", "resident", "samples", "shards", "state", "problem")
+    rows = [(s["name"], f"{100 * s['share']:.1f}%", f"{human(s['bytes'])} of {human(s['max_bytes'])}",
+             str(s["samples"]), str(s["shards"]), s["state"],
+             " ".join(str(s.get("problem") or s.get("reason") or "-").split())) for s in sources]
+    widths = [max(len(r[i]) for r in (heads, *rows)) for i in range(len(heads))]
+    right = (1, 2, 3, 4)  # the numbers
+    return ["  ".join(c.rjust(w) if i in right else c if i == len(heads) - 1 else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(r, widths))) for r in (heads, *rows)]
 
 
 def cmd_status(args: argparse.Namespace) -> int:

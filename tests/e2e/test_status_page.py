@@ -139,6 +139,9 @@ def test_status_page_in_chromium_matches_the_status_of_a_live_daemon(
         assert sorted(epochs) == sorted([e["epoch"], str(e["samples"]), str(e["new_samples"])]
                                         for e in after["epochs"]), (epochs, after["epochs"])
         assert page.eval("!!document.querySelector('tr[data-job=\"train-a\"]')"), "the job is not listed"
+        # one source: its one row (and no per-source chart: the cache chart is its chart)
+        assert page.eval("[...document.querySelectorAll('tr[data-source]')].map(r => r.dataset.source)") == \
+            [s["name"] for s in after["sources"]] == ["default"]
         assert page.eval("document.querySelector('[data-table=leases]').dataset.rows") == str(len(after["leases"]))
 
         # ---------------------------------------------------------------- outside strings are text, never markup
@@ -186,6 +189,10 @@ def test_status_page_in_chromium_matches_the_status_of_a_live_daemon(
         want = expected(before)
         for name in EXACT:
             assert shown[name] == str(want[name]), (name, shown[name], want[name])
+        [source] = before["sources"]  # the one source's row holds the whole cache
+        assert shown["source_bytes"] == str(source["bytes"]) == shown["cache_bytes"], (shown, source)
+        assert shown["source_samples"] == str(source["samples"]) == shown["samples"], (shown, source)
+        assert shown["source_state"] == source["state"] == "paused"
         # the corrupt file, quarantined before its footer was read, is shown left out
         assert int(shown["coverage_units_left_out"]) >= 1 and want["coverage_row_fraction"] < 1.0, want
         for name in ("ingest_bytes_per_s", "ingest_samples_per_s"):  # a last-minute window: only decays now

@@ -9,6 +9,9 @@ Each app has its own registry (never the process-wide default one: tests build s
   (``HttpTimer``, a pure ASGI middleware; an unmatched path counts as ``route="unmatched"``);
 * the standard ``process_*`` collector (CPU, memory, open files of the daemon process).
 
+The daemon-wide families keep their meaning; each named source has its own series in the ``samplecache_source_*``
+families, labelled ``source`` (``source_families``, from what ``GET /v1/sources`` shows).
+
 Names follow https://prometheus.io/docs/practices/naming/: the ``samplecache_`` prefix, base units in the name
 (``_bytes``, ``_seconds``, ``_ratio``), counters end in ``_total``. docs/metrics.md describes every one;
 deploy/grafana/samplecache-dashboard.json is built on them.
@@ -19,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, cast
 
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse, Response
@@ -37,7 +40,8 @@ from starlette.routing import compile_path
 from samplecache.version import __version__
 from samplecache_service.http.deps import DaemonDep
 from samplecache_service.http.gate import ASGIApp, Message, Receive, Scope, Send
-from samplecache_service.http.status import lmdb_usage
+from samplecache_service.http.models import SourceStatus
+from samplecache_service.http.status import lmdb_usage, sources_of
 from samplecache_service.remote.stores import ErrorKind
 
 if TYPE_CHECKING:
@@ -68,6 +72,53 @@ def _by(family: GaugeMetricFamily | CounterMetricFamily, values: Mapping[str, fl
     return family
 
 
+def _cov(key: str) -> Callable[[SourceStatus], float | None]:
+    return lambda s: float(s.coverage[key]) if s.coverage else None  # no series before the source is discovered
+
+
+# the per-source families, each labelled ``source``: (type, name, help, value; None: no series for that source)
+SOURCE_FAMILIES: tuple[tuple[str, str, str, Callable[[SourceStatus], float | None]], ...] = (
+    ("gauge", "source_up", "1 while the source has no problem (a failing remote, every file quarantined), else 0",
+     lambda s: float(s.problem is None)),
+    ("gauge", "source_ready", "1 when a new epoch names the source's shards", lambda s: float(s.ready)),
+    ("gauge", "source_bytes", "Resident sample bytes of the source", lambda s: s.bytes),
+    ("gauge", "source_budget_bytes", "The source's share of the budget, in bytes", lambda s: s.max_bytes),
+    ("gauge", "source_share_ratio", "The source's fraction of the budget", lambda s: s.share),
+    ("gauge", "source_samples", "Resident samples of the source", lambda s: s.samples),
+    ("gauge", "source_shards", "Resident shards of the source", lambda s: s.shards),
+    ("counter", "source_remote_errors", "Remote errors of the source: failed sampling tasks and failed discoveries",
+     lambda s: s.remote_errors),
+    ("counter", "source_discovery_read_bytes", "Bytes the daemon's discovery read from the source (footers; the "
+     "samplers' reads are not split by source)", lambda s: s.remote_bytes),
+    ("gauge", "source_quarantined_files", "Files of the source quarantined now", lambda s: s.quarantined),
+    ("gauge", "source_coverage_row_ratio", "Fraction of the source's rows on this node sampled this pass",
+     _cov("row_fraction")),
+    ("gauge", "source_coverage_unit_ratio", "Fraction of the source's units on this node sampled this pass",
+     _cov("unit_fraction")),
+    ("gauge", "source_coverage_passes", "Completed passes over the source", _cov("cycle")),
+)
+
+
+def source_families(sources: Sequence[SourceStatus]) -> Iterator[Metric]:
+    """The ``samplecache_source_*`` families of ``sources`` (prometheus-client escapes the label values)."""
+    for kind, name, doc, value in SOURCE_FAMILIES:
+        family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(PREFIX + name, doc,
+                                                                                  labels=["source"])
+        for s in sources:
+            v = value(s)
+            if v is not None:
+                family.add_metric([s.name], v)
+        if family.samples:
+            yield family
+    state = GaugeMetricFamily(PREFIX + "source_state", "1 for each source's sampling state now",
+                              labels=["source", "state"])
+    for s in sources:
+        for k in SAMPLER_STATES:
+            state.add_metric([s.name, k], float(k == s.state))
+    if state.samples:
+        yield state
+
+
 def _every(keys: Sequence[str], counts: Mapping[str, float]) -> dict[str, float]:
     """``counts`` with every one of ``keys`` present (0 when not seen yet): a series exists before its first event."""
     return {**{k: 0.0 for k in keys}, **counts}
@@ -89,6 +140,7 @@ class DaemonCollector:
         yield from self._sampling(d)
         yield from self._readers(d)
         yield from self._lmdb(d)
+        yield from source_families(sources_of(d))
 
     def _cache(self, d: "Daemon") -> Iterator[Metric]:
         catalog = d.catalog

@@ -20,10 +20,10 @@ from fastapi.responses import HTMLResponse
 
 from samplecache_service.config.redact import redact
 from samplecache_service.http.deps import DaemonDep
-from samplecache_service.http.models import Status
+from samplecache_service.http.models import SourceStatus, Status
 from samplecache_service.http.routes.jobs import job_out
 from samplecache_service.http.status import status_of
-from samplecache_service.ops.charts import Series, line_chart, stacked_bars
+from samplecache_service.ops.charts import Series, colour, line_chart, stacked_bars
 from samplecache_service.ops.history import Point, rate
 
 REFRESH_S = 5
@@ -32,7 +32,7 @@ ROWS_SHOWN = 50    # rows of a table at most (the JSON API has the rest)
 
 CSS = """
 :root{--fg:#1f2328;--muted:#656d76;--line:#d0d7de;--bg:#f6f8fa;--card:#fff;--c1:#0969da;--c2:#1a7f37;--c3:#bc4c00;
---bad:#cf222e;--kept:#8c959f}
+--bad:#cf222e;--kept:#8c959f;--c4:#8250df;--c5:#bf3989;--c6:#1b7c83}
 *{box-sizing:border-box}body{margin:0;font:14px/1.45 system-ui,-apple-system,"DejaVu Sans",sans-serif;color:var(--fg);
 background:var(--bg)}header,main,footer{max-width:1280px;margin:0 auto;padding:12px 20px}
 header h1{margin:0;font-size:22px}header p{margin:4px 0;color:var(--muted)}code{font-size:13px}
@@ -46,21 +46,25 @@ header h1{margin:0;font-size:22px}header p{margin:4px 0;color:var(--muted)}code{
 .tile .big{font-size:22px;font-weight:600;margin:2px 0}.tile p{margin:0;color:var(--muted)}
 .meter{width:100%;height:8px;margin-top:6px}.meter .track{fill:var(--line)}.meter .fill{fill:var(--c1)}
 .meter .fill.full{fill:var(--bad)}
-.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:10px}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:10px;margin:10px 0}
 .chart{margin:0;background:var(--card);border:1px solid var(--line);border-radius:6px;padding:8px 10px}
 figcaption{font-weight:600;margin-bottom:4px}.chart svg{width:100%;height:auto;display:block}
 .grid{stroke:var(--line);stroke-width:1}.tick,.empty{fill:var(--muted);font-size:11px}
 .line{fill:none;stroke-width:2}.line.c1{stroke:var(--c1)}.line.c2{stroke:var(--c2)}.line.c3{stroke:var(--c3)}
+.line.c4{stroke:var(--c4)}.line.c5{stroke:var(--c5)}.line.c6{stroke:var(--c6)}
 .line.budget{stroke:var(--bad);stroke-dasharray:6 4}.dot.c1{fill:var(--c1)}.dot.c2{fill:var(--c2)}
-.dot.c3{fill:var(--c3)}.dot.budget{fill:var(--bad)}.bar.kept{fill:var(--kept)}.bar.new{fill:var(--c2)}
+.dot.c3{fill:var(--c3)}.dot.c4{fill:var(--c4)}.dot.c5{fill:var(--c5)}.dot.c6{fill:var(--c6)}
+.dot.budget{fill:var(--bad)}.bar.kept{fill:var(--kept)}.bar.new{fill:var(--c2)}
 .legend{list-style:none;margin:4px 0 0;padding:0;display:flex;gap:14px;color:var(--muted);font-size:12px}
 .key{display:inline-block;width:12px;height:4px;margin-right:5px;vertical-align:middle;background:var(--c1)}
 .key.c2,.key.new{background:var(--c2)}.key.c3{background:var(--c3)}.key.budget{background:var(--bad)}
-.key.kept{background:var(--kept)}
+.key.kept{background:var(--kept)}.key.c4{background:var(--c4)}.key.c5{background:var(--c5)}
+.key.c6{background:var(--c6)}.bad{color:var(--bad)}.muted{color:var(--muted)}
 section>h2{font-size:16px;margin:18px 0 6px}
 table{border-collapse:collapse;width:100%;background:var(--card);border:1px solid var(--line);border-radius:6px}
 th,td{text-align:left;padding:5px 10px;border-bottom:1px solid var(--line);vertical-align:top}
 th{font-size:12px;color:var(--muted);font-weight:600}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num{white-space:nowrap}
 td.path{word-break:break-all;font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px}
 .none{color:var(--muted);margin:4px 0}footer{color:var(--muted);font-size:12px}footer a{color:var(--c1)}
 """.strip()
@@ -133,7 +137,7 @@ def table(name: str, heads: Sequence[str], rows: Sequence[tuple[str, Sequence[st
     body = []
     for attrs, cells in rows[:ROWS_SHOWN]:
         tds = "".join(f'<td class="num">{c}</td>' if h.endswith("#") else
-                      f'<td class="path">{c}</td>' if h in ("file", "holder") else f"<td>{c}</td>"
+                      f'<td class="path">{c}</td>' if h in ("file", "holder", "url") else f"<td>{c}</td>"
                       for h, c in zip(heads, cells))
         body.append(f"<tr {attrs}>{tds}</tr>")
     more = f'<p class="none">and {len(rows) - ROWS_SHOWN} more</p>' if len(rows) > ROWS_SHOWN else ""
@@ -143,7 +147,7 @@ def table(name: str, heads: Sequence[str], rows: Sequence[tuple[str, Sequence[st
 
 # -- the page ------------------------------------------------------------------------------------------
 def render(st: Status, jobs: Sequence[dict[str, Any]], points: Sequence[Point], now: float) -> str:
-    parts = [_header(st), "<main>", _problems(st), _tiles(st), _charts(st, points, now), _jobs(jobs),
+    parts = [_header(st), "<main>", _problems(st), _tiles(st), _sources(st), _charts(st, points, now), _jobs(jobs),
              _leases(st, now), _quarantine(st), "</main>", _footer(now)]
     return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width,initial-scale=1">'
@@ -154,8 +158,11 @@ def render(st: Status, jobs: Sequence[dict[str, Any]], points: Sequence[Point], 
 def _header(st: Status) -> str:
     state = st.sampler.state
     reason = f" ({escape(redact(st.sampler.reason))})" if st.sampler.reason else ""
+    several = len(st.sources) > 1
+    source = (f"{len(st.sources)} sources " + ", ".join(f"<code>{escape(s.name)}</code>" for s in st.sources)
+              if several else f"source <code>{escape(st.source)}</code>")
     return ("<header><h1>samplecache</h1>"
-            f'<p>source <code>{escape(st.source)}</code> &middot; version {escape(st.version)} &middot; '
+            f'<p>{source} &middot; version {escape(st.version)} &middot; '
             f'up {metric("uptime_s", round(st.uptime_s, 1), _duration(st.uptime_s))} &middot; samplers '
             f'<span class="state {escape(state.split()[0])}" data-metric="sampler_state" data-value="{escape(state)}">'
             f"{escape(state)}</span>{reason}</p></header>")
@@ -208,6 +215,29 @@ def _tiles(st: Status) -> str:
     return f'<section class="tiles" data-section="tiles">{"".join(tiles)}</section>'
 
 
+def _sources(st: Status) -> str:
+    """A row per named source: what it holds of its share, and how its sampling goes."""
+    rows = [(f'data-source="{escape(s.name)}"',
+             [escape(s.name), escape(redact(s.url)), metric("source_share", s.share, fmt_pct(s.share)),
+              f'{metric("source_bytes", s.bytes, fmt_bytes(s.bytes))} of '
+              f'{metric("source_max_bytes", s.max_bytes, fmt_bytes(s.max_bytes))}' + meter(s.bytes, s.max_bytes),
+              metric("source_samples", s.samples, fmt_count(s.samples)),
+              metric("source_shards", s.shards, fmt_count(s.shards)),
+              f'<span class="state {escape(s.state.split()[0])}" data-metric="source_state" '
+              f'data-value="{escape(s.state)}">{escape(s.state)}</span>', _why(s)])
+            for s in st.sources]
+    return ('<section data-section="sources"><h2>Sources</h2>'
+            + table("sources", ["source", "url", "share#", "bytes of share#", "samples#", "shards#", "state",
+                                "problem"], rows, "No source is set.") + "</section>")
+
+
+def _why(s: SourceStatus) -> str:
+    """What is wrong with a source (red), else why it waits, else ``-``."""
+    if s.problem:
+        return f'<span class="bad" data-problem>{escape(redact(s.problem))}</span>'
+    return f'<span class="muted">{escape(redact(s.reason))}</span>' if s.reason else "-"
+
+
 def _every(points: Sequence[Point]) -> list[Point]:
     """At most MAX_POINTS of ``points``, evenly spaced, always with the last."""
     k = max(1, -(-len(points) // MAX_POINTS))
@@ -243,6 +273,11 @@ def _charts(st: Status, history: Sequence[Point], now: float) -> str:
     coverage = line_chart("coverage", "Coverage of the remote (this pass)", [
         Series("rows sampled", rel([(p.t, 100 * p.coverage) for p in pts if p.coverage is not None]), "c2")],
         span, lambda v: f"{v:.0f} %", floor_top=100.0)
+    # with several sources, what each holds (one source: the cache chart is its chart)
+    by_source = line_chart("source_bytes", "Resident bytes by source", [
+        Series(s.name, rel([(p.t, p.source_bytes(s.name)) for p in pts]), colour(i))
+        for i, s in enumerate(st.sources)], span, fmt_bytes,
+        floor_top=float(max((s.max_bytes for s in st.sources), default=0))) if len(st.sources) > 1 else ""
     epochs = st.epochs
     bars = stacked_bars("epochs", "Samples per epoch: kept from the previous epoch, new",
                         [str(e.epoch) for e in epochs],
@@ -255,7 +290,7 @@ def _charts(st: Status, history: Sequence[Point], now: float) -> str:
             for e in reversed(epochs)]
     table_html = table("epochs", ["epoch", "samples#", "new#", "kept#", "shards#", "bytes#", "sealed at"], rows,
                        "No epoch sealed yet: the first GET /v1/epochs/N (or a job's epoch) seals one.")
-    return (f'<section class="charts" data-section="charts">{cache}{ingest}{evictions}{coverage}{bars}'
+    return (f'<section class="charts" data-section="charts">{cache}{by_source}{ingest}{evictions}{coverage}{bars}'
             f'</section><section><h2>Epochs (latest first)</h2>{table_html}</section>')
 
 

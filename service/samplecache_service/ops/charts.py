@@ -16,11 +16,19 @@ LEFT, RIGHT, TOP, BOTTOM = 72, 14, 12, 26
 PLOT_W, PLOT_H = W - LEFT - RIGHT, H - TOP - BOTTOM
 
 
+PALETTE = ("c1", "c2", "c3", "c4", "c5", "c6")  # the classes of a chart's lines, one per series, in turn
+
+
 @dataclass(frozen=True)
 class Series:
     label: str
     points: Sequence[tuple[float, float]]   # (seconds before now, <= 0; value)
-    css: str                                # the class that colours it: c1, c2, c3 or budget
+    css: str                                # the class that colours it: one of PALETTE, or budget
+
+
+def colour(i: int) -> str:
+    """The class of the ``i``-th of many series (the palette repeats past its end)."""
+    return PALETTE[i % len(PALETTE)]
 
 
 def nice_ceiling(v: float) -> float:

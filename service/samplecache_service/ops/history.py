@@ -2,8 +2,9 @@
 
 A bounded ring of ``Point`` samples (by default the last 2 hours at one point every 5 s) taken by a background
 loop of the daemon (``Recorder.step`` under ``Health.run_loop``). A point holds levels (cache bytes, budget,
-coverage) and running counters (bytes and samples ingested, shards evicted, remote bytes read); rates are
-differences of counters between points, so a chart never depends on how often it is looked at.
+coverage, each source's resident bytes) and running counters (bytes and samples ingested, shards evicted, remote
+bytes read); rates are differences of counters between points, so a chart never depends on how often it is looked at.
+The ring's length is fixed, and a point holds one number per source that holds shards, so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class Point:
     remote_bytes: int             # counter: bytes fetched from the remote since start
     coverage: float | None        # rows of the remote sampled this pass, 0..1 (None: not known yet)
     cycle: int                    # the pass over the remote (0: the first)
+    sources: tuple[tuple[str, int], ...] = ()  # (source, its resident bytes) of each source that holds a shard
+
+    def source_bytes(self, name: str) -> int:
+        """What ``name`` held then (0 when it held nothing)."""
+        return next((b for n, b in self.sources if n == name), 0)
 
 
 def rate(a: Point, b: Point, counter: Callable[[Point], int]) -> float:
@@ -113,4 +119,5 @@ class Recorder:
         return Point(t=self.clock(), bytes=self.catalog.resident_bytes, max_bytes=self.budget.max_bytes,
                      ingested_bytes=nbytes, ingested_samples=samples, evictions=self.scheduler.evicted_shards,
                      remote_bytes=self.traffic.total(),
-                     coverage=float(cov["row_fraction"]) if cov else None, cycle=int(cov["cycle"]) if cov else 0)
+                     coverage=float(cov["row_fraction"]) if cov else None, cycle=int(cov["cycle"]) if cov else 0,
+                     sources=tuple((n, r.bytes) for n, r in self.catalog.resident_sources().items()))

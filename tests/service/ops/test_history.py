@@ -1,9 +1,13 @@
-"""service/samplecache_service/ops/history.py: the bounded ring of points, the running ingest totals and rates
-from counters."""
+"""service/samplecache_service/ops/history.py: the bounded ring of points, the running ingest totals, rates
+from counters, and each source's bytes in every point."""
 
 from __future__ import annotations
 
-from samplecache_service.ops.history import History, IngestTotals, Point, rate
+from types import SimpleNamespace
+from typing import Any
+
+from samplecache_service.ops.history import History, IngestTotals, Point, Recorder, rate
+from samplecache_service.store.catalog import Resident
 
 
 def point(t: float, ingested: int = 0, evictions: int = 0) -> Point:
@@ -38,3 +42,28 @@ def test_ingest_totals_count_each_entry_of_the_recent_log_once() -> None:
     assert totals.peek(log)[:2] == (36, 360)
     assert (totals.samples, totals.bytes) == (30, 300), "peek keeps nothing"
     assert totals.count(log) == (36, 360)
+
+
+def test_each_point_holds_each_sources_bytes() -> None:
+    held = {"web": Resident(shards=3, rows=30, bytes=3000), "code": Resident(shards=1, rows=5, bytes=500)}
+    catalog: Any = SimpleNamespace(resident_bytes=3500, resident_sources=lambda: dict(held))
+    scheduler: Any = SimpleNamespace(ingests=[], coverage=lambda: None, evicted_shards=0)
+    budget: Any = SimpleNamespace(max_bytes=10_000)
+    traffic: Any = SimpleNamespace(total=lambda: 0)
+    clock = iter(range(100))
+    h = History(interval=5.0, keep=10.0)
+    r = Recorder(catalog, budget, scheduler, traffic, h, clock=lambda: float(next(clock)))
+    r.step()
+    held["web"] = Resident(shards=4, rows=40, bytes=4000)
+    del held["code"]  # evicted: it holds nothing now
+    r.step()
+    first, second = h.points()
+    assert first.sources == (("web", 3000), ("code", 500))
+    assert (first.source_bytes("web"), first.source_bytes("code"), first.source_bytes("gone")) == (3000, 500, 0)
+    assert (second.source_bytes("web"), second.source_bytes("code")) == (4000, 0)
+    now = r.now()
+    assert now.sources == (("web", 4000),) and len(h.points()) == 2, "now() keeps nothing"
+    for _ in range(10):  # the ring stays bounded, each point with its sources
+        r.step()
+    got = h.points()
+    assert len(got) == h.capacity == 3 and all(p.source_bytes("web") == 4000 for p in got)
