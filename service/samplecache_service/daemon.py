@@ -151,7 +151,8 @@ class Daemon:
             pinned_epochs=self.epochs.pinned_epochs, make_room=self.make_room, expire_leases=self.leasing.expire,
             die=self.health.die)
         self.history = History()  # the status page's charts (GET /)
-        self.recorder = Recorder(self.catalog, self.budget, self.scheduler, self.traffic, self.history)
+        self.recorder = Recorder(self.catalog, self.budget,
+                                 lambda: {n: s.scheduler for n, s in self.sources.items()}, self.traffic, self.history)
         self.health.add_check("writer",
                               lambda: None if self.writer.alive() else "the LMDB writer thread is not running")
         self.health.add_check("samplers", self.supervisor.problem)
@@ -199,11 +200,11 @@ class Daemon:
 
     @property
     def remote_errors(self) -> int:
-        return self.scheduler.remote_errors
+        return sum(s.scheduler.remote_errors for s in list(self.sources.values()))
 
     @property
     def evicted_shards(self) -> int:
-        return self.scheduler.evicted_shards
+        return sum(s.scheduler.evicted_shards for s in list(self.sources.values()))
 
     def _make_source(self, name: str, url: str, fraction: float, remote: FsspecRemote, several: bool) -> Source:
         """One named source's parts (raises SchemaConflict or FilterError from its discovery)."""

@@ -97,11 +97,13 @@ class Recorder:
     """Samples a daemon into its ``History``: ``step`` adds a point (the history loop's body), ``now`` makes one
     for the present without keeping it (the page's last point)."""
 
-    def __init__(self, catalog: Catalog, budget: Budget, scheduler: Scheduler, traffic: Traffic, history: History,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.catalog, self.budget, self.scheduler, self.traffic = catalog, budget, scheduler, traffic
+    def __init__(self, catalog: Catalog, budget: Budget, schedulers: Callable[[], dict[str, Scheduler]],
+                 traffic: Traffic, history: History, clock: Callable[[], float] = time.time) -> None:
+        """``schedulers``: each source's, as the daemon has them now (sources change while it runs)."""
+        self.catalog, self.budget, self.schedulers, self.traffic = catalog, budget, schedulers, traffic
         self.history, self.clock = history, clock
-        self._totals = IngestTotals()
+        self._totals: dict[str, IngestTotals] = {}  # per source: each scheduler's log has its own order
+        self._evicted: dict[str, int] = {}  # the evictions counted by sources since removed
         self._lock = threading.Lock()
 
     def step(self) -> None:
@@ -113,11 +115,21 @@ class Recorder:
             return self._point(keep=False)
 
     def _point(self, keep: bool) -> Point:
-        log = self.scheduler.ingests
-        samples, nbytes = self._totals.count(log) if keep else self._totals.peek(log)[:2]
-        cov = self.scheduler.coverage()
+        schedulers = self.schedulers()
+        samples = nbytes = 0
+        for name, s in schedulers.items():
+            totals = self._totals.setdefault(name, IngestTotals())
+            got = totals.count(s.ingests) if keep else totals.peek(s.ingests)[:2]
+            samples, nbytes = samples + got[0], nbytes + got[1]
+            self._evicted[name] = s.evicted_shards
+        gone = [t for n, t in self._totals.items() if n not in schedulers]  # removed sources: what they ingested
+        samples += sum(t.samples for t in gone)
+        nbytes += sum(t.bytes for t in gone)
+        covs = [c for c in (s.coverage() for s in schedulers.values()) if c]
+        cov = covs[0] if len(covs) == 1 else ({"row_fraction": sum(c["rows_sampled"] for c in covs) / max(
+            1, sum(c["rows"] for c in covs)), "cycle": min(c["cycle"] for c in covs)} if covs else None)
         return Point(t=self.clock(), bytes=self.catalog.resident_bytes, max_bytes=self.budget.max_bytes,
-                     ingested_bytes=nbytes, ingested_samples=samples, evictions=self.scheduler.evicted_shards,
+                     ingested_bytes=nbytes, ingested_samples=samples, evictions=sum(self._evicted.values()),
                      remote_bytes=self.traffic.total(),
                      coverage=float(cov["row_fraction"]) if cov else None, cycle=int(cov["cycle"]) if cov else 0,
                      sources=tuple((n, r.bytes) for n, r in self.catalog.resident_sources().items()))

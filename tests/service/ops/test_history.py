@@ -52,7 +52,7 @@ def test_each_point_holds_each_sources_bytes() -> None:
     traffic: Any = SimpleNamespace(total=lambda: 0)
     clock = iter(range(100))
     h = History(interval=5.0, keep=10.0)
-    r = Recorder(catalog, budget, scheduler, traffic, h, clock=lambda: float(next(clock)))
+    r = Recorder(catalog, budget, lambda: {"web": scheduler}, traffic, h, clock=lambda: float(next(clock)))
     r.step()
     held["web"] = Resident(shards=4, rows=40, bytes=4000)
     del held["code"]  # evicted: it holds nothing now
@@ -67,3 +67,20 @@ def test_each_point_holds_each_sources_bytes() -> None:
         r.step()
     got = h.points()
     assert len(got) == h.capacity == 3 and all(p.source_bytes("web") == 4000 for p in got)
+
+
+def test_a_point_counts_every_sources_ingests_and_evictions() -> None:
+    """Each source's scheduler keeps its own log; a source removed keeps what it ingested in the totals."""
+    catalog: Any = SimpleNamespace(resident_bytes=0, resident_sources=lambda: {})
+    web: Any = SimpleNamespace(ingests=[(1.0, 10, 100)], coverage=lambda: None, evicted_shards=2)
+    code: Any = SimpleNamespace(ingests=[(0.5, 4, 40)], coverage=lambda: None, evicted_shards=1)
+    live = {"web": web, "code": code}
+    r = Recorder(catalog, SimpleNamespace(max_bytes=1), lambda: dict(live), SimpleNamespace(total=lambda: 0),
+                 History(interval=5.0, keep=10.0), clock=lambda: 0.0)
+    r.step()
+    code.ingests.append((0.7, 1, 10))  # later than web's newest seen, but earlier in time: still counted
+    del live["code"]
+    r.step()
+    live["code"] = code
+    p = r.now()
+    assert (p.ingested_samples, p.ingested_bytes, p.evictions) == (15, 150, 3)
