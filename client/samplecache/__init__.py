@@ -11,8 +11,8 @@ from typing import Any
 
 from samplecache.version import __version__
 
-__all__ = ["SampleCacheDataset", "SampleCacheLoader", "DaemonError", "EpochGone", "MissingColumn", "collate",
-           "decode_image", "__version__"]
+__all__ = ["SampleCacheDataset", "SampleCacheLoader", "DaemonError", "EpochGone", "MissingColumn", "MissingSource",
+           "MixedColumns", "collate", "decode_image", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -34,4 +34,10 @@ def __getattr__(name: str) -> Any:
     if name == "MissingColumn":  # a KeyError naming the column, the cached ones and those left out (no torch)
         from samplecache.reading.epoch_source import MissingColumn
         return MissingColumn
+    if name == "MissingSource":  # a mixture's source that holds no sample: which, and why
+        from samplecache.core import MissingSource
+        return MissingSource
+    if name == "MixedColumns":  # a column one source of a mixture lacks, or holds as another type
+        from samplecache.reading.layouts import MixedColumns
+        return MixedColumns
     raise AttributeError(f"module 'samplecache' has no attribute {name!r}")

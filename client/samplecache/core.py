@@ -332,7 +332,11 @@ class Reader:
     def plan(self, epoch: int) -> EpochPlan:
         """Job epoch ``epoch``'s manifest (fetched once per process; the job's first request seals it):
         ``.total`` samples, ``.schema``. Raises ``MissingColumn`` for a column the cache lacks, ``EpochGone``
-        for an epoch whose shards are gone (saying so when a loaded state was to resume it)."""
+        for an epoch whose shards are gone (saying so when a loaded state was to resume it), ``MissingSource`` for
+        a mixture's source that holds no sample after ``wait`` seconds (``await_sources``)."""
+        split = self.split_for(epoch)
+        if split.mixture is not None and self.source.cached_plan(epoch) is None:
+            self.await_sources(split.mixture)
         try:
             return self.source.plan(epoch)
         except EpochGone as e:
@@ -342,6 +346,38 @@ class Reader:
             raise EpochGone(f"{e} -- the resume state of job {r.job!r} stood at sample {r.position} of epoch "
                             f"{epoch}, whose shards the cache no longer holds, so it cannot go on exactly: go on "
                             f"with the epoch the daemon names", e.status, e.body, e.attempts) from e
+
+    def await_sources(self, mixture: Mapping[str, float]) -> None:
+        """Wait up to ``wait`` seconds until every source the mixture gives a share to holds a sample; then raise
+        ``MissingSource`` naming each that does not, and why: unknown to the daemon (naming its sources), failing
+        (its problem), or still empty (its state). A daemon without ``/v1/sources`` is not asked."""
+        s = self.source
+        wanted = [n for n, w in mixture.items() if w > 0]
+        deadline = time.monotonic() + max(0.0, self.cache.wait)
+        while True:
+            try:
+                listed = request_json(f"{s.url}/v1/sources", token=s.token, retries=s.retries, deadline=s.deadline,
+                                      what="reading the daemon's sources")
+            except DaemonError as e:
+                if e.status == 404:
+                    return
+                raise
+            got = {x["name"]: x for x in listed}
+            unknown = [n for n in wanted if n not in got]
+            if unknown:
+                raise MissingSource(f"the mixture gives a share to source(s) {unknown}, which the daemon does not "
+                                    f"have; its sources are {sorted(got)}")
+            empty = [n for n in wanted if not got[n]["samples"]]
+            if not empty:
+                return
+            if time.monotonic() >= deadline:
+                why = "; ".join(f"{n}: " + (f"failing ({got[n]['problem']})" if got[n].get("problem") else
+                                           f"still empty ({got[n]['state']}"
+                                           + (f": {got[n]['reason']})" if got[n].get("reason") else ")"))
+                                for n in empty)
+                raise MissingSource(f"the mixture gives a share to source(s) {empty}, which hold no sample after "
+                                    f"waiting {self.cache.wait:g} s: {why}")
+            time.sleep(0.5)
 
     def schema(self) -> dict[str, Any]:
         """``GET /v1/schema``, its ``columns`` narrowed to (and in the order of) the columns asked for: each

@@ -270,6 +270,12 @@ def test_a_failing_source_leaves_the_others_ingesting_within_their_shares(s3: An
                               "math cached while code fails")
             assert got["code"]["samples"] == 0 and got["code"]["problem"], got["code"]
             assert got["code"]["state"] == "remote error" and got["code"]["quarantined"] == 0, got["code"]
+            # a job that asks for it waits ``wait`` s, then is told which source and why
+            ds = SampleCacheDataset(d.url, columns=["id"], mixture={"web": 1, "code": 1}, wait=1.0, job="wants-code")
+            with pytest.raises(LookupError, match=r"\['code'\], which hold no sample after waiting 1 s: code: "
+                                                  r"failing \(remote error"):
+                next(iter(ds))
+            ds.close()
             health = cc.get_json(d.url + "/healthz")
             assert health["ok"] and health["sources"]["web"] == "ok" and health["sources"]["code"] != "ok"
             # web keeps rolling within its share while code fails; nobody's share is exceeded
@@ -305,7 +311,8 @@ def test_sources_added_and_removed_by_sighup_and_by_patch(s3: Any, bucket: str, 
         assert status["config"]["last_error"] is None
         # a job that asks for the removed source is told which sources there are
         ds = SampleCacheDataset(d.url, columns=["id"], mixture={"code": 1.0}, job="gone-source")
-        with pytest.raises(LookupError, match=r"source\(s\) \['code'\].*holds \['math', 'web'\]"):
+        with pytest.raises(LookupError, match=r"source\(s\) \['code'\], which the daemon does not have; its sources "
+                                               r"are \['math', 'web'\]"):
             next(iter(ds))
         ds.close()
         # PATCH: code back, under another share; a local path is refused (422) and changes nothing
