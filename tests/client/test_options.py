@@ -18,8 +18,9 @@ URL = "http://127.0.0.1:9"  # nothing listens: making an adapter asks the daemon
 # every option with a value other than its default
 GIVEN: dict[str, Any] = {
     "url": URL, "columns": ["id"], "job": "j", "token": "t", "deadline": 5.0, "retries": 2, "lease": False,
-    "min_samples": 7, "wait": 3.0, "prefetch_next": False,
+    "min_samples": 7, "wait": 3.0, "prefetch_next": False, "fill_missing": True,
     "shuffle": False, "seed": 11, "partial": "drop", "shuffle_buffer": 16,
+    "mixture": {"web": 0.7, "code": 0.3}, "mix": "stratified", "epoch_samples": 1000, "stratum": 64,
     "batch_size": 32, "drop_last": True, "masks": False, "prefetch": 3, "copy_threads": 2,
 }
 

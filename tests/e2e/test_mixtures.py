@@ -338,3 +338,21 @@ def test_sources_added_and_removed_by_sighup_and_by_patch(s3: Any, bucket: str, 
                     "code sampled again after the PATCH")
     finally:
         d.stop()
+
+
+def test_a_column_one_source_lacks_is_named_or_filled_with_nulls(url: str) -> None:
+    ds = SampleCacheDataset(url, columns=["id", "level"], mixture=MIX, job="lacks-level")
+    with pytest.raises(ValueError, match=r"source '(code|web)' has no column 'level', which source 'math' has"):
+        next(iter(SampleCacheLoader(ds, batch_size=32)))
+    ds.close()
+    ds = SampleCacheDataset(url, columns=["id", "level"], mixture=MIX, fill_missing=True, job="fills-level")
+    ids, levels, valid = [], [], []
+    for b in SampleCacheLoader(ds, batch_size=32, num_workers=2):
+        ids += b["id"].ravel().tolist()
+        levels += b["level"].ravel().tolist()
+        valid += b["level__valid"].ravel().tolist()
+    assert by_source(ids) == expected(MIX)
+    for i, level, ok in zip(ids, levels, valid):
+        from_math = i // BASE == NAMES.index("math")
+        assert ok == from_math and (level == 3 if from_math else level == 0), (i, level, ok)
+    ds.close()

@@ -63,7 +63,10 @@ def check_columns(wanted: Sequence[str], names: Sequence[str], skipped: dict[str
 class EpochPlan:
     """One job epoch's manifest, as this process reads it (``epoch``: the job's; ``daemon_epoch``: the daemon's)."""
 
-    def __init__(self, manifest: dict[str, Any], columns: Sequence[str] | None, job_epoch: int | None = None) -> None:
+    def __init__(self, manifest: dict[str, Any], columns: Sequence[str] | None, job_epoch: int | None = None,
+                 fill_missing: bool = False) -> None:
+        """``fill_missing``: a column one source of the manifest lacks reads as nulls from it (else that source
+        cannot be read with the others: ``check_read``)."""
         parsed = Manifest.from_json(manifest)
         version = parsed.format_version
         if int(version) != FORMAT_VERSION:
@@ -72,7 +75,12 @@ class EpochPlan:
         self.manifest = manifest
         self.daemon_epoch = parsed.epoch
         self.epoch = self.daemon_epoch if job_epoch is None else int(job_epoch)
-        self.schema = Schema.from_json(parsed.schema)
+        # the schema the job's columns are read in: the manifest's, or the first source's that has them all
+        self._main = parsed.schema
+        if parsed.sources and columns is not None and not set(columns) <= set(Schema.from_json(parsed.schema).names):
+            self._main = next((parsed.source_schema(n) for n in parsed.source_names() if set(columns) <= set(
+                Schema.from_json(parsed.source_schema(n)).names)), parsed.schema)
+        self.schema = Schema.from_json(self._main)
         names = self.schema.names
         wanted = list(columns) if columns is not None else names
         check_columns(wanted, names, parsed.skipped_columns)
@@ -90,15 +98,15 @@ class EpochPlan:
         self.source_names, self.source_of = parsed.source_names(), parsed.source_of()
         self.source_problems: dict[str, str] = {}
         if parsed.sources:
-            self._map_sources(parsed)
+            self._map_sources(parsed, fill_missing)
 
-    def _map_sources(self, parsed: Manifest) -> None:
+    def _map_sources(self, parsed: Manifest, fill_missing: bool) -> None:
         schemas = {n: Schema.from_json(parsed.source_schema(n)) for n in self.source_names}
-        main = next((n for n in self.source_names if parsed.source_schema(n) == parsed.schema), self.source_names[0])
-        maps, self.source_problems = column_maps(self.schema, main, self.cols, schemas)
+        main = next((n for n in self.source_names if parsed.source_schema(n) == self._main), self.source_names[0])
+        maps, self.source_problems = column_maps(self.schema, main, self.cols, schemas, fill_missing)
         layouts: dict[int, tuple[Schema, list[int] | None]] = {}
         for s, name in enumerate(self.source_names):
-            if name in maps and (maps[name] is not None or parsed.source_schema(name) != parsed.schema):
+            if name in maps and (maps[name] is not None or parsed.source_schema(name) != self._main):
                 lay = (schemas[name], maps[name])
                 layouts.update((sid, lay) for sid in self.ids[self.source_of == s].tolist())
         self.reader.layouts = layouts
@@ -226,7 +234,7 @@ class EpochSource:
                 same = next((p.manifest for p in self._plans.values() if p.daemon_epoch == daemon_epoch), None)
             manifest = same if same is not None else fetch_manifest(
                 self.url, daemon_epoch, min_samples, 0.0, self.token, self.retries, self.deadline)
-            got = EpochPlan(manifest, self.columns, epoch)
+            got = EpochPlan(manifest, self.columns, epoch, self.cache.fill_missing)
             if ready is not None:
                 ready(got)
             with self._lock:

@@ -38,6 +38,7 @@ class CacheOptions:
     min_samples: int = 1
     wait: float = 60.0
     prefetch_next: bool = True
+    fill_missing: bool = False  # a column one source of a mixture lacks reads as nulls from it (else an error)
 
     def __post_init__(self) -> None:
         # plain numbers, whatever numeric type was given: they go into the daemon's query strings

@@ -201,7 +201,7 @@ class CacheReader:
                 views[k] = BlockView(buf, self.schema)
             else:
                 view = BlockView(buf, lay[0])
-                views[k] = view if lay[1] is None else MappedView(view, lay[1])  # type: ignore[assignment]
+                views[k] = view if lay[1] is None else MappedView(view, lay[1], self.schema)  # type: ignore[assignment]
         return views
 
     def batch(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int],
