@@ -57,8 +57,8 @@ def answered_schema(monkeypatch: pytest.MonkeyPatch) -> None:
 # --------------------------------------------------------------------------------------------- the one constructor
 def test_keywords_are_sorted_into_one_object_per_concern() -> None:
     opts = Options.from_keywords("X", GIVEN)
-    assert opts.cache == CacheOptions(URL, ["id"], "j", "t", 5.0, 2, False, 7, 3.0, False)
-    assert opts.split == SplitOptions(False, 11, "drop", 16)
+    assert opts.cache == CacheOptions(URL, ["id"], "j", "t", 5.0, 2, False, 7, 3.0, False, True)
+    assert opts.split == SplitOptions(False, 11, "drop", 16, {"web": 0.7, "code": 0.3}, "stratified", 1000, 64)
     assert opts.batch == BatchOptions(32, True, False, 3, 2)
     assert Options.from_keywords("X", {}).batch == BatchOptions(None)  # None: one sample at a time
 
