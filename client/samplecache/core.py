@@ -50,6 +50,7 @@ from samplecache.reading.stream import Stream
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 LOOSE_RUN = 256  # samples per worker turn when no batch size is known (a plain DataLoader), at most a read chunk
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
+COUNT_SOURCES_EVERY = 16384  # samples read between counts per source of a mixture (for the lease's reports)
 LEAD_S = 1.0  # or sooner, when the epoch's time left is less than this: fetching and leasing take milliseconds
 STATE_VERSION = 3  # 3: with the epoch's mixture; 2: one position in the epoch's global order (elastic); 1: per-worker
 # skip counts. A state with no mixture is written as version 2, which older clients read.
@@ -503,9 +504,19 @@ class Reader:
         if mixed is not None:  # the job's record of the epoch's mixture (GET /v1/jobs/{name}), and reads per source
             self.source.record_mixture(epoch, {"mixture": dict(mixed.weights), "mix": mixed.mix,
                                                "epoch_samples": split.epoch_samples, "counts": dict(mixed.counts)})
-            per_source: dict[str, int] = {}
+        done = counted_to = 0
+        by_source: dict[str, int] = {}  # samples counted per source so far (for the lease's reports), and the counts
+
+        def count_sources() -> None:
+            nonlocal counted_to
+            if mixed is None or keeper is None or done <= counted_to:
+                return
+            for name, k in mixed.source_counts(stream.global_positions(counted_to, done)).items():
+                by_source[name] = by_source.get(name, 0) + k
+            counted_to = done
+            keeper.read_sources = dict(by_source)
         prefetch_at = int(PREFETCH_AT * stream.total) if self.cache.prefetch_next else -1
-        done, began = 0, time.monotonic()
+        began = time.monotonic()
         try:
             for n, item in items:
                 done += n
@@ -517,12 +528,11 @@ class Reader:
                     prefetch_at = -1
                 if keeper is not None:
                     keeper.read = done
-                    if mixed is not None:
-                        for name, k in mixed.source_counts(stream.global_positions(done - n, done)).items():
-                            per_source[name] = per_source.get(name, 0) + k
-                        keeper.read_sources = dict(per_source)
+                    if done - counted_to >= COUNT_SOURCES_EVERY:
+                        count_sources()  # in bulk: a heartbeat reports every ttl/3 s, the release exactly
                 yield done, item
         finally:
+            count_sources()
             self.source.done(keeper)
 
     def _warm(self, plan: EpochPlan, stratum: int) -> None:

@@ -322,8 +322,11 @@ class MixedOrder:
         for s, (order, members) in enumerate(zip(self.sources, self.members)):
             sel = np.flatnonzero(lab == s)
             if len(sel):
-                # the source's order wraps j past its length: an upsampled source's samples come round again
-                i, r = order.positions(j[sel])
+                # the source's order wraps j past its length: an upsampled source's samples come round again.
+                # Neighbouring positions take a run of the source's order: read shard by shard (span), not by search
+                js = j[sel]
+                a, b = int(js[0]), int(js[-1]) + 1
+                i, r = order.span(a, b) if b - a == len(js) and (js[1:] > js[:-1]).all() else order.positions(js)
                 idx[sel], rows[sel] = members[i], r
         return idx, rows
 
