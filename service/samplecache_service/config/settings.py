@@ -277,7 +277,9 @@ class Settings(BaseSettings):
     @field_validator("share", mode="before")
     @classmethod
     def _shares(cls, v: Any) -> Any:
-        if isinstance(v, (str, bytes, list)):
+        if isinstance(v, list):  # --share given many times, each maybe comma-separated
+            v = ",".join(str(x) for x in v)
+        if isinstance(v, (str, bytes)):
             text = v.decode() if isinstance(v, bytes) else v
             v = json.loads(text) if isinstance(text, str) and text.strip().startswith("{") else named_pairs(
                 text, "FRACTION")
