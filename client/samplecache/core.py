@@ -2,9 +2,8 @@
 
 One ``Reader`` per job and process: its epochs (job, manifests fetched once per process, the next one fetched
 ahead, leases while reading), the split of an epoch over ranks x workers (``Position``), and the reading itself,
-as per-sample dicts (``samples``) or columnar numpy batches (``batches``, vectorised gathers). ``ResumeState``:
-where a job's reading stands, as documented JSON (README): one position in the epoch's topology-free global
-order (``reading/order.py``), from which the rest is dealt to whatever topology resumes (``reading/deal.py``).
+as per-sample dicts (``samples``) or columnar numpy batches (``batches``, vectorised gathers). The split's pure
+functions are ``reading/split.py``'s and the resume state ``reading/resume.py``'s, re-exported here.
 What it is told comes as one object per concern (``CacheOptions``, ``SplitOptions``, ``BatchOptions``:
 ``samplecache.reading.options``, re-exported here). The PyTorch, TensorFlow, JAX/NumPy and DALI adapters sit on
 top.
@@ -16,19 +15,17 @@ of its DataLoader workers, reading its share of an epoch is a "worker".
 
 from __future__ import annotations
 
-import numbers
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from samplecache.api.client import DaemonError, EpochGone, request_json
-from samplecache.format.constants import MAX_NUMBER
 from samplecache.reading.batching import ahead, batch_groups, batch_items, gather_batches
 from samplecache.reading.bufferpool import BufferPool
-from samplecache.reading.deal import epoch_end, position_after, rank_batches, single_rank_items, worker_batches
+from samplecache.reading.deal import position_after
 from samplecache.reading.epoch_clock import EpochClock
 from samplecache.reading.epoch_source import EpochPlan, EpochSource, MissingColumn, check_columns
 from samplecache.reading.gather import default_threads
@@ -40,222 +37,31 @@ from samplecache.reading.options import (
     CacheOptions,
     Options,
     SplitOptions,
-    checked_mixture,
 )
-from samplecache.reading.order import EpochOrder, GlobalOrder
 from samplecache.reading.prefetch import prefetched
 from samplecache.reading.reader import split_batch
+from samplecache.reading.resume import ForeignState, ResumeState, StaleState, epoch_number
+from samplecache.reading.split import (
+    MissingSource,
+    Position,
+    check_mixture,
+    epoch_stop,
+    epoch_total,
+    loose_run,
+    order_of,
+    rank_share,
+    stream_for,
+)
 from samplecache.reading.stream import Stream
 
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
-LOOSE_RUN = 256  # samples per worker turn when no batch size is known (a plain DataLoader), at most a read chunk
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 COUNT_SOURCES_EVERY = 16384  # samples read between counts per source of a mixture (for the lease's reports)
 LEAD_S = 1.0  # or sooner, when the epoch's time left is less than this: fetching and leasing take milliseconds
-STATE_VERSION = 3  # 3: with the epoch's mixture; 2: one position in the epoch's global order (elastic); 1: per-worker
-# skip counts. A state with no mixture is written as version 2, which older clients read.
 EPOCH_SPLITS_KEPT = 8  # epochs whose split (their mixture) a reader remembers
 _ONE_BY_ONE = BatchOptions(None)  # frozen, so one shared instance: samples, read ahead as by default
 
 Gather = Callable[[EpochPlan, np.ndarray, np.ndarray, int], Iterator[tuple[int, Any]]]
-
-
-def epoch_number(value: Any, name: str = "epoch") -> int:
-    """``value`` as an epoch number: an int with 0 <= value < 2**53 (the epoch clock counts in int64)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < MAX_NUMBER:
-        raise ValueError(f"{name} must be an int with 0 <= {name} < 2**53, not {value!r}")
-    return int(value)
-
-
-@dataclass(frozen=True)
-class Position:
-    """Who reads: this process's share of an epoch. ``rank``/``world`` over all hosts, ``local_rank`` /
-    ``local_world`` on this host (each host splits its own manifest), ``worker``/``workers`` the data-loading
-    workers of this rank; ``agreed``: with several hosts, the samples per rank agreed for the epoch (the
-    largest host's count with ``pad``, the smallest with ``drop``), so every rank makes the same steps."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    local_world: int = 1
-    worker: int = 0
-    workers: int = 1
-    agreed: int | None = None
-
-    def __post_init__(self) -> None:
-        for name, of in (("rank", "world"), ("local_rank", "local_world"), ("worker", "workers")):
-            if not 0 <= getattr(self, name) < getattr(self, of):
-                raise ValueError(f"{name} {getattr(self, name)} is not in [0, {of}={getattr(self, of)})")
-
-    @property
-    def nodes(self) -> int:
-        return max(1, self.world // max(1, self.local_world))
-
-
-class StaleState(ValueError):
-    """A resume state this client cannot continue exactly (saved before elastic resume: per-worker counts)."""
-
-
-class ForeignState(ValueError):
-    """A resume state of another job (or of another cache's epoch) than the one it is loaded into."""
-
-
-@dataclass
-class ResumeState:
-    """Where a job's reading stands (README, "Resuming"): ``position`` samples of job epoch ``epoch``'s one global
-    order were consumed by every rank together. Topology-free: any topology resumes it. ``samples`` and
-    ``daemon_epoch``: the epoch's manifest when it was saved (checked at the resume; None: not read yet).
-    ``to_dict()`` is plain JSON; ``from_dict`` reads it back (and refuses a version 1 state, ``StaleState``)."""
-
-    job: str | None
-    epoch: int
-    position: int
-    seed: int
-    shuffle: bool
-    shuffle_buffer: int = 0
-    samples: int | None = None
-    daemon_epoch: int | None = None
-    version: int = 0  # 0: the version it is written as (3 with a mixture, else 2)
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys an adapter adds (e.g. batches)
-    # the epoch's mixture (None: every source, as one source reads), and how it was mixed and cut
-    mixture: Mapping[str, float] | None = None
-    mix: str = "random"
-    epoch_samples: int | None = None
-    stratum: int = 0
-
-    def __post_init__(self) -> None:
-        self.epoch = epoch_number(self.epoch, "epoch")
-        self.position = epoch_number(self.position, "position")
-        if not self.version:
-            self.version = STATE_VERSION if self.mixture is not None else 2
-        if int(self.version) > STATE_VERSION:
-            raise ValueError(f"this resume state has version {self.version}; this client reads up to "
-                             f"{STATE_VERSION}: install a newer samplecache")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k != "extra"}
-        if self.mixture is None:  # as version 2 wrote it: an older client reads it
-            for k in ("mixture", "mix", "epoch_samples", "stratum"):
-                out.pop(k)
-            out["version"] = min(int(self.version), 2)  # what it holds is version 2's
-        return {**self.extra, **out}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ResumeState":
-        known = ("job", "epoch", "position", "seed", "shuffle", "shuffle_buffer", "samples", "daemon_epoch",
-                 "version", "mixture", "mix", "epoch_samples", "stratum")
-        if "position" not in d and "skip" in d:
-            raise StaleState(
-                f"this resume state (job {d.get('job')!r}, epoch {d.get('epoch')}) was saved by a samplecache "
-                f"client older than elastic resume: it holds per-worker counts ('skip') that only the topology "
-                f"that saved it can use, and this client cannot continue it exactly. Finish that epoch with the "
-                f"client that saved it, or start it again from its first sample with set_epoch({d.get('epoch')}) "
-                f"(its samples already trained on are read again)")
-        missing = [k for k in ("epoch", "position", "seed", "shuffle") if k not in d]
-        if missing:
-            raise ValueError(f"not a samplecache resume state: {missing} missing")
-        return cls(job=d.get("job"), epoch=d["epoch"], position=d["position"], seed=int(d["seed"]),
-                   shuffle=bool(d["shuffle"]), shuffle_buffer=int(d.get("shuffle_buffer", 0)),
-                   samples=None if d.get("samples") is None else int(d["samples"]),
-                   daemon_epoch=None if d.get("daemon_epoch") is None else int(d["daemon_epoch"]),
-                   version=int(d.get("version", 0)),
-                   mixture=None if d.get("mixture") is None else checked_mixture(d["mixture"]),
-                   mix=str(d.get("mix", "random")),
-                   epoch_samples=None if d.get("epoch_samples") is None else int(d["epoch_samples"]),
-                   stratum=int(d.get("stratum", 0)),
-                   extra={k: v for k, v in d.items() if k not in known})
-
-
-# -- the split and the batches (pure functions) ----------------------------------------------------------
-class MissingSource(LookupError):
-    """A mixture names a source the epoch holds no sample of."""
-
-
-def check_mixture(plan: EpochPlan, split: SplitOptions) -> None:
-    """Raise ``MissingSource`` when ``split``'s mixture gives a share to a source with no sample in ``plan``, and
-    ``MixedColumns`` when a source read cannot be read with the others."""
-    if split.mixture is None:
-        if plan.source_problems:
-            plan.check_read(plan.source_names)  # every source is read
-        return
-    held = plan.source_rows()
-    weighted = [n for n, w in split.mixture.items() if w > 0]
-    missing = [n for n in weighted if not held.get(n)]
-    if missing:
-        raise MissingSource(f"the mixture gives a share to source(s) {missing}, of which daemon epoch "
-                            f"{plan.daemon_epoch} holds no sample; it holds {sorted(n for n in held if held[n])}")
-    plan.check_read(weighted)
-
-
-def epoch_total(plan: EpochPlan, split: SplitOptions) -> int:
-    """The samples of ``plan``'s epoch under ``split``: the manifest's, or with a mixture its epoch's length."""
-    if split.mixture is None:
-        return plan.total
-    check_mixture(plan, split)
-    return sum(mixture_counts(plan.rows, plan.source_of, plan.source_names, split.mixture,
-                              split.epoch_samples).values())
-
-
-def order_of(plan: EpochPlan, split: SplitOptions, stratum: int = 0) -> GlobalOrder:
-    """``plan``'s epoch's one global order under ``split`` (made once per plan and process). With a mixture, a
-    stratified epoch's block is ``split.stratum``, else ``stratum`` (the global batch of the reading)."""
-    if split.mixture is None:
-        key: tuple[Any, ...] = (split.seed, split.shuffle, split.shuffle_buffer)
-        got = plan.orders.get(key)
-        if got is None:
-            check_mixture(plan, split)
-            got = plan.orders[key] = EpochOrder(plan.ids, plan.rows, split.seed, plan.epoch, split.shuffle,
-                                                split.shuffle_buffer)
-        return got  # type: ignore[no-any-return]
-    block = max(1, split.stratum or stratum) if split.mix == "stratified" else 0
-    key = (split.seed, split.shuffle, split.shuffle_buffer, tuple(split.mixture.items()), split.mix, block,
-           split.epoch_samples)
-    got = plan.orders.get(key)
-    if got is None:
-        check_mixture(plan, split)
-        got = plan.orders[key] = MixedOrder(plan.ids, plan.rows, plan.source_of, plan.source_names, split.mixture,
-                                            split.seed, plan.epoch, split.shuffle, split.shuffle_buffer, split.mix,
-                                            block, split.epoch_samples)
-    return got  # type: ignore[no-any-return]
-
-
-def epoch_stop(plan: EpochPlan, split: SplitOptions, pos: Position, start: int = 0) -> int:
-    """Where the ranks' reading of ``plan``'s epoch from position ``start`` ends (``partial``; past the manifest's
-    samples: padding). Each host deals its own manifest over its own ranks; with several hosts every rank reads
-    the agreed count (``pos.agreed``)."""
-    if pos.agreed is None and pos.nodes > 1 and split.partial != "uneven":
-        raise RuntimeError(
-            f"this job spans {pos.nodes} hosts, each with its own cache, so ranks must agree on the length of "
-            f"epoch {plan.epoch} (Position.agreed): with PyTorch call ds.set_epoch(epoch) on every rank before "
-            f"each epoch (after init_process_group), or iterate with samplecache.SampleCacheLoader")
-    agreed = pos.agreed if split.partial != "uneven" else None
-    return epoch_end(epoch_total(plan, split), start, pos.local_world, split.partial, agreed)
-
-
-def rank_share(plan: EpochPlan, split: SplitOptions, pos: Position, start: int = 0) -> int:
-    """Samples this rank reads from its host's manifest before hosts agree (the input of that agreement)."""
-    return (epoch_end(epoch_total(plan, split), start, pos.local_world, split.partial) - start) // pos.local_world
-
-
-def loose_run(plan: EpochPlan) -> int:
-    """Samples a worker reads in turn when no batch size is known (a plain DataLoader over a per-sample dataset):
-    runs of neighbouring positions keep LMDB locality; at most a read chunk, so every worker gets turns."""
-    return min(LOOSE_RUN, plan.chunk)
-
-
-def stream_for(plan: EpochPlan, split: SplitOptions, pos: Position, start: int = 0, unit: int = 1,
-               pack: int = 1) -> Stream:
-    """The samples ``pos`` reads in ``plan``'s epoch from position ``start``, in order: the rest of the epoch's
-    global order cut into steps of ``local_world x unit`` (``unit``: samples per batch of a rank), the rank's
-    batch of each step, the batches of its worker (items of ``pack`` batches, round-robin)."""
-    end = epoch_stop(plan, split, pos, start)
-    if pos.local_world == 1:
-        batches = single_rank_items(start, end, unit, pos.worker, pos.workers, pack)
-    else:
-        batches = rank_batches(start, end, pos.local_rank, pos.local_world, unit)
-        if pos.workers > 1:
-            batches = worker_batches(batches, unit, pos.worker, pos.workers, pack)
-    return Stream(order_of(plan, split, unit * pos.local_world), batches)
 
 
 def _items(counted: Iterator[tuple[int, Any]]) -> Iterator[Any]:
