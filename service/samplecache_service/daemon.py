@@ -32,7 +32,7 @@ from samplecache_service.remote.stores import FsspecRemote
 from samplecache_service.sampling.pacing import Pacer
 from samplecache_service.sampling.sampler import SampleResult
 from samplecache_service.sampling.scheduler import Scheduler
-from samplecache_service.sampling.sources import Source, overlapping, owner
+from samplecache_service.sampling.sources import Source, changed_remotes, owner
 from samplecache_service.sampling.supervisor import Supervisor
 from samplecache_service.sampling.traffic import Traffic
 from samplecache_service.store.budget import Budget, ShareOf
@@ -46,9 +46,9 @@ from samplecache_service.store.cachedir import (
     reset_cache,
 )
 from samplecache_service.store.cacheguard import INTERVAL_S, CacheGuard
-from samplecache_service.store.catalog import Catalog, Shard
+from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.disk import DiskSpace
-from samplecache_service.store.eviction import EvictionPlan, plan_eviction
+from samplecache_service.store.eviction import EvictionPlan, plan_by_source
 from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.lmdbmap import open_cache_env
 from samplecache_service.store.staging import leftovers, set_aside
@@ -113,13 +113,11 @@ class Daemon:
                                  max_per_job=settings.max_leases_per_job)
         self.jobs = JobTable(settings.lease_ttl)
         self.jobs.load(self.catalog.meta("jobs", []) or [])
-        remotes = {n: FsspecRemote(url, settings.storage_options, settings.table_version, settings.table_as_of)
-                   for n, (url, _) in self.named.items()}
-        both = overlapping({n: r.root for n, r in remotes.items()})
-        if both:
+        try:
+            remotes = changed_remotes({}, self.named, self._remote)
+        except Invalid as e:
             self._close()
-            raise StartupError("sources " + ", ".join(f"{a!r} and {b!r}" for a, b in both) + " lie one within the "
-                               "other: their files cannot be told apart; give each its own prefix")
+            raise StartupError(str(e)) from None
         self._gone_bytes = 0  # read by the remotes of sources removed since start
         self.traffic = Traffic(Pacer(settings.pacing, settings.replace_per_epoch, int(settings.max_ingest_rate)),
                                lambda: self._gone_bytes + sum(s.remote.bytes_read for s in list(self.sources.values())
@@ -235,20 +233,8 @@ class Daemon:
         once no lease pins them. Raises errors.Invalid or errors.Conflict (nothing changed) with what is wrong."""
         with self._sources_lock:
             old = dict(self.sources)
-            moved = [n for n in named if n in old and old[n].remote.url != named[n][0]]
-            if moved:
-                raise Conflict(f"source(s) {moved} would change URL: a source's URL is fixed while the daemon runs "
-                               f"(its cached sample is of that URL); add the new URL under another name")
-            if not named:
-                raise Invalid("the sources would be none: keep at least one")
+            remotes = changed_remotes(old, named, self._remote)
             several = len(named) > 1 or DEFAULT_SOURCE not in named
-            remotes: dict[str, FsspecRemote] = {n: old[n].remote if n in old else FsspecRemote(
-                url, self.settings.storage_options, self.settings.table_version, self.settings.table_as_of)
-                for n, (url, _) in named.items()}
-            both = overlapping({n: r.root for n, r in remotes.items()})
-            if both:
-                raise Invalid("sources " + ", ".join(f"{a!r} and {b!r}" for a, b in both) + " lie one within the "
-                              "other: their files cannot be told apart; give each its own prefix")
             try:
                 check_sources(self.catalog, self.writer, {n: u for n, (u, _) in named.items() if n not in old})
             except StartupError as e:
@@ -283,6 +269,10 @@ class Daemon:
                  removed or "none", {n: round(s.share.fraction, 4) for n, s in self.sources.items()},
                  extra={"event": "sources_changed"})
         return {"added": sorted(added), "removed": removed, "reshared": reshared}
+
+    def _remote(self, url: str) -> FsspecRemote:
+        s = self.settings
+        return FsspecRemote(url, s.storage_options, s.table_version, s.table_as_of)
 
     def _close(self) -> None:
         """Undo the opening of the cache (a start that fails after it)."""
@@ -395,22 +385,14 @@ class Daemon:
         if stale:
             ids = {s.id for s in stale}
             shards = [s for s in shards if s.id not in ids]
-        by_source: dict[str, list[Shard]] = {}
-        for s in shards:
-            by_source.setdefault(s.source, []).append(s)
-        names = [source] if source is not None else sorted(set(by_source) | set(self.sources))
-        evict: tuple[int, ...] = ()
-        freed, fits = 0, True
-        for name in names:
-            fraction = self.sources[name].share.fraction if name in self.sources else 0.0
-            # the kept manifests count within the budget, each source for its share
-            room = int((self.max_bytes - self.catalog.manifest_total) * fraction)
-            plan = plan_eviction(by_source.get(name, []), pinned, room, incoming if source is not None else 0,
-                                 self.policy, self.settings.seed)
-            evict, freed, fits = evict + plan.evict, freed + plan.freed, fits and plan.fits
+        # the kept manifests count within the budget, each source's for its share
+        plan = plan_by_source(shards, pinned, self.max_bytes - self.catalog.manifest_total,
+                              {n: s.share.fraction for n, s in self.sources.items()}, incoming, source, self.policy,
+                              self.settings.seed)
         if not stale:
-            return EvictionPlan(evict, freed, fits)
-        return EvictionPlan(tuple(s.id for s in stale) + evict, freed + sum(s.bytes for s in stale), fits)
+            return plan
+        return EvictionPlan(tuple(s.id for s in stale) + plan.evict, plan.freed + sum(s.bytes for s in stale),
+                            plan.fits)
 
     # -- control: every change runs on the scheduler's thread ----------------------------------------
     def set_paused(self, paused: bool) -> "Future[None]":
@@ -472,26 +454,13 @@ class Daemon:
 
 
     def _not_discovered(self) -> str | None:
-        """Why no epoch can be sealed yet: no source can be served (see ``_not_discovered_one``)."""
-        if len(self.sources) <= 1:
-            return self._not_discovered_one(self.discovery)
-        if any(s.ready() for s in self.sources.values()):
-            return None
-        return "no source is ready: " + "; ".join(
-            f"{n}: {self._not_discovered_one(s.discovery, s.scheduler) or 'not listed yet'}"
-            for n, s in self.sources.items())
-
-    def _not_discovered_one(self, d: Discovery | None, scheduler: Scheduler | None = None) -> str | None:
-        """Why one source cannot be served yet: its schema is not known (discovery has not listed it); or, on a
-        warm cache of a table or with a filter, this run has not listed the source yet: until it has, the files
-        that left the table (or the filter) while the daemon was stopped are not known, and would be served."""
-        scheduler = scheduler or self.scheduler
-        last_error = redact(scheduler.last_error) if scheduler.last_error else None
-        if d is not None and d.refused:
-            return f"the source's table cannot be served as it is now: {d.refused}"
-        if scheduler.schema() is not None and not (d is not None and d.listed_at is None and d.prunes()):
-            return None
-        return f"the source is not discovered yet: {last_error or 'discovering'}"
+        """Why no epoch can be sealed yet: no source can be served (``Source.not_ready``)."""
+        why = {n: s.not_ready() for n, s in self.sources.items()}
+        if len(why) == 1:
+            return next(iter(why.values()))
+        if not why or any(w is None for w in why.values()):
+            return None if why else "no source"
+        return "no source is ready: " + "; ".join(f"{n}: {w}" for n, w in why.items())
 
     # -- reporting -----------------------------------------------------------------------------------
     def _manifest_fields(self) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from samplecache_service.config.redact import redact
+from samplecache_service.errors import Conflict, Invalid
 from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.stores import FsspecRemote
 from samplecache_service.sampling.scheduler import Scheduler
@@ -25,13 +27,20 @@ class Source:
     stopping: threading.Event = field(default_factory=threading.Event)  # set: its scheduler's thread ends
 
     def ready(self) -> bool:
-        """Whether a new epoch may name this source's shards: its schema is known, and on a warm cache of a table
-        (or with a filter) this run has listed it (until then files that left it while the daemon was stopped
-        are not known)."""
-        d = self.discovery
-        if d is None or d.refused or self.scheduler.schema() is None:
-            return False
-        return not (d.listed_at is None and d.prunes())
+        """Whether a new epoch may name this source's shards (``not_ready``)."""
+        return self.not_ready() is None
+
+    def not_ready(self) -> str | None:
+        """Why a new epoch cannot name this source's shards yet: its schema is not known (discovery has not listed
+        it); or, on a warm cache of a table or with a filter, this run has not listed it yet: until it has, the
+        files that left the table (or the filter) while the daemon was stopped are not known, and would be
+        served."""
+        d, s = self.discovery, self.scheduler
+        if d is not None and d.refused:
+            return f"the source's table cannot be served as it is now: {d.refused}"
+        if s.schema() is not None and not (d is not None and d.listed_at is None and d.prunes()):
+            return None
+        return f"the source is not discovered yet: {redact(s.last_error) if s.last_error else 'discovering'}"
 
     def problem(self) -> str | None:
         """Why this source does not sample now, when something is wrong (not when it is merely full or paced)."""
@@ -49,6 +58,25 @@ def owner(remote: FsspecRemote) -> Callable[[str], bool]:
     """Whether a listed path is one of ``remote``'s files: it lies under its root (a glob: under its fixed part)."""
     prefix = re.split(r"[*?\[]", str(remote.root))[0]
     return lambda path: path.startswith(prefix)
+
+
+def changed_remotes(old: dict[str, Source], named: dict[str, tuple[str, float]],
+                    remote_for: Callable[[str], FsspecRemote]) -> dict[str, FsspecRemote]:
+    """Each source's remote once the sources are ``named`` (name -> (URL, fraction)): a kept source's own, a new
+    one's made by ``remote_for``. Raises errors.Conflict for a kept name given another URL, errors.Invalid for no
+    source at all or for sources one within another."""
+    moved = [n for n in named if n in old and old[n].remote.url != named[n][0]]
+    if moved:
+        raise Conflict(f"source(s) {moved} would change URL: a source's URL is fixed while the daemon runs (its "
+                       f"cached sample is of that URL); add the new URL under another name")
+    if not named:
+        raise Invalid("the sources would be none: keep at least one")
+    remotes = {n: old[n].remote if n in old else remote_for(url) for n, (url, _) in named.items()}
+    both = overlapping({n: r.root for n, r in remotes.items()})
+    if both:
+        raise Invalid("sources " + ", ".join(f"{a!r} and {b!r}" for a, b in both) + " lie one within the other: "
+                      "their files cannot be told apart; give each its own prefix")
+    return remotes
 
 
 def overlapping(roots: dict[str, Any]) -> list[tuple[str, str]]:

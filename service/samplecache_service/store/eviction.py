@@ -10,7 +10,7 @@ the caller must then wait (backpressure), never exceed the budget.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -21,6 +21,10 @@ class ShardLike(Protocol):
     id: int
     bytes: int
     last_used_epoch: int
+
+
+class SourcedShard(ShardLike, Protocol):
+    source: str
 
 
 @dataclass(frozen=True)
@@ -76,3 +80,22 @@ def plan_eviction(shards: Sequence[ShardLike], pinned: Iterable[int], budget: in
         evict.append(candidates[i].id)
         freed += candidates[i].bytes
     return EvictionPlan(tuple(evict), freed, freed >= need)
+
+
+def plan_by_source(shards: Sequence[SourcedShard], pinned: Iterable[int], budget: int, shares: Mapping[str, float],
+                   incoming: int, source: str | None, policy: str = "fifo", seed: int = 0) -> EvictionPlan:
+    """``plan_eviction`` within each source's share of ``budget`` (``shares``: name -> fraction; a source with
+    shards and no share, one removed, has none): for ``incoming`` bytes of ``source``, or with ``source`` None
+    for every source over its share (nothing incoming)."""
+    by_source: dict[str, list[SourcedShard]] = {}
+    for s in shards:
+        by_source.setdefault(s.source, []).append(s)
+    pins = set(pinned)
+    names = [source] if source is not None else sorted(set(by_source) | set(shares))
+    evict: tuple[int, ...] = ()
+    freed, fits = 0, True
+    for name in names:
+        plan = plan_eviction(by_source.get(name, []), pins, int(budget * shares.get(name, 0.0)),
+                             incoming if source is not None else 0, policy, seed)
+        evict, freed, fits = evict + plan.evict, freed + plan.freed, fits and plan.fits
+    return EvictionPlan(evict, freed, fits)

@@ -239,3 +239,24 @@ def test_simulated_ingest_stays_within_budget(run: tuple[int, list[tuple[int, li
         total = sum(s.bytes for s in resident)
         assert total <= budget + max_size, f"step {epoch}: {total} resident > budget {budget} + {max_size}"
         assert total <= budget  # the planner itself never goes over: the slack is for the caller
+
+
+def test_each_source_evicts_within_its_own_share() -> None:
+    from dataclasses import dataclass
+
+    from samplecache_service.store.eviction import plan_by_source
+
+    @dataclass
+    class S:
+        id: int
+        bytes: int
+        source: str
+        last_used_epoch: int = -1
+
+    shards = [S(1, 40, "web"), S(2, 40, "web"), S(3, 10, "code"), S(4, 30, "gone")]
+    # 40 more bytes of web in its 0.8 of 100: its oldest goes, code's and the removed source's stay
+    assert plan_by_source(shards, [], 100, {"web": 0.8, "code": 0.2}, 40, "web").evict == (1,)
+    # no source named: each over its share, and a removed source (no share) holds nothing
+    assert plan_by_source(shards, [], 100, {"web": 0.8, "code": 0.2}, 0, None).evict == (4,)
+    got = plan_by_source(shards, [4], 100, {"web": 0.5, "code": 0.5}, 0, None)  # pinned: it waits
+    assert got.evict == (1,) and not got.fits
