@@ -31,6 +31,7 @@ from samplecache_service.store.fileinfo import FileInfo
 
 DBS = (b"records", b"shards", b"epochs", b"files", b"meta")
 MANIFEST_CACHE = 8
+LAST_USED_SCAN = 8  # newest manifests read at start for the shards' last_used_epoch
 
 
 SUMMARY_PREFIX = "summary/"  # meta key of one epoch's summary: summary/<epoch>
@@ -141,10 +142,29 @@ class Catalog:
         with self.env.begin(buffers=False) as txn:
             for k, v in txn.cursor(db=self.dbs[b"files"]):
                 st.files[k.decode()] = FileInfo.from_json(v)
+        self._last_used()
         self.resident_bytes = sum(s.bytes for s in st.shards.values())
         self.resident_rows = sum(s.rows for s in st.shards.values())
         for s in st.shards.values():
             self._count(s, 1)
+
+    def _last_used(self) -> None:
+        """Each shard's ``last_used_epoch`` (the lru policy's order): the newest kept epoch that names it, read back
+        from the newest ``LAST_USED_SCAN`` manifests (a seal does not rewrite the records of the shards it names).
+        A shard none of them names keeps its record's value: older than any of them."""
+        st = self._state
+        left = set(st.shards)
+        with self.env.begin(buffers=False) as txn:
+            for e in sorted(st.epochs, reverse=True)[:LAST_USED_SCAN]:
+                if not left:
+                    break
+                raw = txn.get(u64(e), db=self.dbs[b"epochs"])
+                for row in json.loads(raw)["shards"] if raw is not None else ():
+                    sid = int(row[0])
+                    if sid in left:
+                        left.discard(sid)
+                        s = st.shards[sid]
+                        s.last_used_epoch = max(s.last_used_epoch, e)
 
     # -- reads ------------------------------------------------------------------------
     def meta(self, key: str, default: Any = None) -> Any:

@@ -327,13 +327,12 @@ class Writer:
             manifest = build()
             raw = json.dumps(manifest, separators=(",", ":")).encode()
             txn.put(u64(epoch), raw, db=self.dbs[b"epochs"])
+            # each named shard is now last used by this epoch: in the mirror only (after the commit); a restart
+            # reads it back from the kept manifests (Catalog), so a seal never rewrites every shard's record
             for entry in manifest["shards"]:
                 s = self.catalog.shard(entry[0])
                 if s is not None:
                     used.append(s)
-                    txn.put(u64(s.id),
-                            json.dumps(dict(s.__dict__, last_used_epoch=epoch), separators=(",", ":")).encode(),
-                            db=self.dbs[b"shards"])
             summary.update({k: manifest.get(k, 0) for k in ("samples", "new_samples", "bytes", "sealed_at",
                                                               "remote_bytes")}, shards=len(manifest["shards"]))
             meta = self.dbs[b"meta"]

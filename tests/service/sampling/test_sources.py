@@ -220,3 +220,16 @@ def test_a_reload_applies_the_config_files_sources(data: dict[str, Path], tmp_pa
         assert "more than 1" in got["error"] and sorted(d.sources) == ["math", "web"]
     finally:
         d.stop()
+
+
+def test_a_restart_reads_each_shards_last_use_back_from_the_manifests(run: Callable[..., Daemon],
+                                                                      data: dict[str, Path]) -> None:
+    """The lru policy's order survives a restart, though a seal no longer rewrites every shard's record."""
+    d = run(source=f"file://{data['math']}/", eviction_policy="lru")
+    _until(lambda: d.catalog.resident("default").rows == 400, 60, "the source to be cached")
+    for e in (0, 1):
+        named = Manifest.from_json(json.loads(asyncio.run(d.epochs.manifest(e)))).table()[:, 0].tolist()
+        assert named and all(d.catalog.shard(s).last_used_epoch == e for s in named)  # type: ignore[union-attr]
+    d.stop()
+    d = run(source=f"file://{data['math']}/", eviction_policy="lru")
+    assert {s.id: s.last_used_epoch for s in d.catalog.shards()} == {s: 1 for s in named}
