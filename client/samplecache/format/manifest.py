@@ -69,7 +69,8 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["shards"] = self.table().tolist()
+        # a list of rows (as the daemon seals it) is JSON as it is: no round trip through numpy for 100k shards
+        out["shards"] = self.shards if isinstance(self.shards, list) else self.table().tolist()
         return out
 
     @classmethod

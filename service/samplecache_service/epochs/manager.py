@@ -246,6 +246,10 @@ class EpochManager:
 
         raw = await asyncio.wrap_future(self.writer.seal(epoch, build, self.rules.keep_last, self.kept_epochs))
         if made:
+            self._ids[epoch] = frozenset(s.id for s in made[0])  # the next seal's "previous": never parsed back
+            kept = set(self.catalog.epochs())
+            for e in [e for e in self._ids if e not in kept]:
+                del self._ids[e]
             rows = sum(s.rows for s in made[0])
             log.info("epoch %d sealed: %d shards, %d samples", epoch, len(made[0]), rows,
                      extra={"event": "epoch_sealed", "epoch": epoch, "rows": rows})
