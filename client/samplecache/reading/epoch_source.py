@@ -316,7 +316,7 @@ class EpochSource:
         with self._lock:
             if epoch in self._recorded:
                 return
-            self._recorded.add(epoch)
+            self._recorded = {e for e in self._recorded if e > epoch - 16} | {epoch}  # a long run: recent ones
         try:
             self.attach().record_mixture(epoch, record)
         except DaemonError as e:
