@@ -175,6 +175,8 @@ def test_no_mutation_succeeds_without_the_token(daemon: Any) -> None:
         ("PATCH", "/v1/config"): ("/v1/config", {"eviction_policy": "random", "epoch_max_samples": 7}),
         ("POST", "/v1/jobs"): ("/v1/jobs", {"name": "hostile", "run": RUN}),
         ("POST", "/v1/jobs/{name}/epochs/{job_epoch}"): (f"/v1/jobs/hostile/epochs/0?run={RUN}&timeout=30", None),
+        ("PUT", "/v1/jobs/{name}/epochs/{job_epoch}/mixture"): (
+            f"/v1/jobs/hostile/epochs/0/mixture?run={RUN}", {"mixture": {"default": 1.0}, "counts": {"default": 5}}),
         ("POST", "/v1/epochs/{epoch}/leases"): ("/v1/epochs/0/leases", {"ttl": 600}),
         ("POST", "/v1/epochs/{epoch}/leases/{lease_id}/heartbeat"): (f"/v1/epochs/0/leases/{lease['id']}/heartbeat",
                                                                      {"read": 5}),
@@ -201,6 +203,7 @@ def test_no_mutation_succeeds_without_the_token(daemon: Any) -> None:
     got = {key: request(d.url, key[0], path, body, headers=good)[0] for key, (path, body) in calls.items()}
     want = {**{k: 200 for k in calls}, ("POST", "/v1/epochs/{epoch}/leases"): 201,
             ("DELETE", "/v1/epochs/{epoch}/leases/{lease_id}"): 204,
+            ("PUT", "/v1/jobs/{name}/epochs/{job_epoch}/mixture"): 204,
             ("DELETE", "/v1/quarantine/{file}"): 404}  # nothing is quarantined: served, not refused
     assert got == {k: want[k] for k in calls}, got
     assert config(d.url)["eviction_policy"] == "random" and config(d.url)["epoch_max_samples"] == 7

@@ -330,6 +330,8 @@ def test_sources_added_and_removed_by_sighup_and_by_patch(s3: Any, bucket: str, 
 
         code, got = patch({"sources": {"web": {"url": "file:///etc/"}}})
         assert code == 422 and "path on the daemon's disk" in got["detail"], got
+        code, got = patch({"sources": {"web": {"url": "zip://x::file:///etc/a.zip"}}})  # a chain to a local file
+        assert code == 422 and "not a remote store's URL" in got["detail"], got
         code, got = patch({"sources": {"web": {"url": urls["web"], "share": 0.5},
                                        "code": {"url": urls["code"], "share": 0.5}}})
         assert code == 200 and sorted(got["sources"]) == ["code", "web"], got

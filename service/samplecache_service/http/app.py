@@ -25,7 +25,7 @@ from samplecache_service.http.auth import resolve_token
 from samplecache_service.http.deps import DaemonDep
 from samplecache_service.http.gate import RequestGate
 from samplecache_service.http.metrics import add_metrics
-from samplecache_service.http.models import Health, Problem, SchemaOut, SourceStatus, Status
+from samplecache_service.http.models import Health, Problem, SchemaOut, SourceStatus, Status, problems
 from samplecache_service.http.routes import control, epochs, jobs, quarantine
 from samplecache_service.http.status import sources_of, status_of
 from samplecache_service.store.catalog import source_key
@@ -123,7 +123,7 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
         """Each named source: URL, share, what it holds, coverage, remote bytes, errors, quarantined files."""
         return sources_of(d)
 
-    @app.get("/v1/schema", response_model=SchemaOut, responses=ERRORS, tags=["cache"])
+    @app.get("/v1/schema", response_model=SchemaOut, responses={**ERRORS, **problems(404, 422)}, tags=["cache"])
     async def schema(d: DaemonDep, source: str | None = None) -> Any:
         """The schema of ``source`` (default: the first source; ``GET /v1/sources`` names them)."""
         if source is not None and source not in d.sources:

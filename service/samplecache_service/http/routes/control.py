@@ -17,6 +17,9 @@ from samplecache_service.http.deps import DaemonDep, TokenDep
 from samplecache_service.http.models import ConfigIn, ConfigOut, SamplerControl, ShardPage, SourceIn, problems
 
 router = APIRouter(tags=["control"])
+# the stores a PATCH may name as a source: remote ones only (file://, zip://, memory:// and chains stay in the config)
+REMOTE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "hf", "oss",
+                              "webhdfs", "hdfs", "sftp", "ftp"})
 _SIZE = TypeAdapter(ByteSize)
 
 
@@ -62,9 +65,11 @@ def _named(body: dict[str, SourceIn]) -> dict[str, tuple[str, float]]:
     """The sources a PATCH names, resolved; a URL on the daemon's disk is refused (no request names a path)."""
     for name, spec in body.items():
         protocol = fsspec.core.split_protocol(spec.url)[0]
-        if protocol in (None, "file", "local"):
-            raise Invalid(f"source {name!r}: {redact(spec.url)!r} is a path on the daemon's disk, which no request "
-                          f"may name; add a local source in the config file and reload it (SIGHUP)")
+        if protocol not in REMOTE_PROTOCOLS or "::" in spec.url:  # a chained URL may end on a local file
+            known = ", ".join(sorted(REMOTE_PROTOCOLS))
+            raise Invalid(f"source {name!r}: {redact(spec.url)!r} is not a remote store's URL ({known}); it could "
+                          f"name a path on the daemon's disk, which no request may: add such a source in the config "
+                          f"file and reload it (SIGHUP)")
     try:
         return resolve_sources("", {n: SourceSpec(url=s.url, share=s.share) for n, s in body.items()}, {})
     except ValueError as e:
