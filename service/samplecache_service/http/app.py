@@ -98,7 +98,7 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": validation_detail(exc.errors())}, status_code=422)
 
-    @app.get("/healthz", response_model=Health, responses=ERRORS, tags=["health"])
+    @app.get("/healthz", response_model=Health, responses=ERRORS, tags=["health"], response_model_exclude_none=True)
     async def healthz(d: DaemonDep) -> Any:
         """200 while every background thread works; 503 with the reasons when one fails, stalls or died."""
         problems = d.health.problems()
@@ -108,7 +108,7 @@ def create_app(settings: Settings, daemon: Daemon | None = None) -> FastAPI:
             return Health(sources={n: redact(s.problem() or "ok") for n, s in d.sources.items()})
         return Health()
 
-    @app.get("/readyz", response_model=Health, responses=ERRORS, tags=["health"])
+    @app.get("/readyz", response_model=Health, responses=ERRORS, tags=["health"], response_model_exclude_none=True)
     async def readyz(d: DaemonDep) -> Any:
         if d.schema is None:
             return JSONResponse({"detail": f"not ready: {d.last_error or 'discovering the source'}"}, 503)
