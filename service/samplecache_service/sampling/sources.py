@@ -71,7 +71,12 @@ def changed_remotes(old: dict[str, Source], named: dict[str, tuple[str, float]],
                        f"cached sample is of that URL); add the new URL under another name")
     if not named:
         raise Invalid("the sources would be none: keep at least one")
-    remotes = {n: old[n].remote if n in old else remote_for(url) for n, (url, _) in named.items()}
+    remotes = {}
+    for n, (url, _) in named.items():
+        try:
+            remotes[n] = old[n].remote if n in old else remote_for(url)
+        except Exception as e:  # an unknown protocol, its package missing, bad options: said, nothing changed
+            raise Invalid(f"source {n!r}: cannot open {redact(url)!r}: {type(e).__name__}: {redact(str(e))}") from None
     both = overlapping({n: r.root for n, r in remotes.items()})
     if both:
         raise Invalid("sources " + ", ".join(f"{a!r} and {b!r}" for a, b in both) + " lie one within the other: "
