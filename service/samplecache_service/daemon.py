@@ -19,7 +19,7 @@ from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.epochs.leasing import Leasing
 from samplecache_service.epochs.manager import EpochManager, EpochRules
-from samplecache_service.errors import Conflict, Invalid, NotFound
+from samplecache_service.errors import Conflict, NotFound
 from samplecache_service.files import make_dir
 from samplecache_service.ops.control import configure
 from samplecache_service.ops.health import Health
@@ -115,7 +115,7 @@ class Daemon:
         self.jobs.load(self.catalog.meta("jobs", []) or [])
         try:
             remotes = changed_remotes({}, self.named, self._remote)
-        except Invalid as e:
+        except Conflict as e:
             self._close()
             raise StartupError(str(e)) from None
         self._gone_bytes = 0  # read by the remotes of sources removed since start
@@ -230,10 +230,10 @@ class Daemon:
     def set_sources(self, named: dict[str, tuple[str, float]]) -> dict[str, list[str]]:
         """Add, re-share and remove sources while running (SIGHUP, PATCH /v1/config): ``named`` is the whole set
         after the change, name -> (URL, fraction of the budget). A removed source stops sampling; its shards go
-        once no lease pins them. Raises errors.Invalid or errors.Conflict (nothing changed) with what is wrong."""
+        once no lease pins them. Raises errors.Conflict (nothing changed) with what is wrong."""
         with self._sources_lock:
             old = dict(self.sources)
-            remotes = changed_remotes(old, named, self._remote)
+            remotes = changed_remotes(old, named, self._remote, say_url=False)
             several = len(named) > 1 or DEFAULT_SOURCE not in named
             try:
                 check_sources(self.catalog, self.writer, {n: u for n, (u, _) in named.items() if n not in old})
@@ -245,7 +245,7 @@ class Daemon:
                     try:
                         added[n] = self._make_source(n, url, fraction, remotes[n], several)
                     except (SchemaConflict, FilterError) as e:
-                        raise Invalid(f"source {n!r}: {e}") from None
+                        raise Conflict(f"source {n!r}: {e}") from None
             reshared = [n for n in named if n in old and named[n][1] != old[n].share.fraction]
             for n, (_, fraction) in named.items():
                 if n in old:

@@ -315,7 +315,7 @@ def test_sources_added_and_removed_by_sighup_and_by_patch(s3: Any, bucket: str, 
                                                r"are \['math', 'web'\]"):
             next(iter(ds))
         ds.close()
-        # PATCH: code back, under another share; a local path is refused (422) and changes nothing
+        # PATCH: code back, under another share; a local path is refused and changes nothing
         token = (tmp_path / "cache" / "api-token").read_text().strip()
 
         def patch(body: dict[str, Any]) -> tuple[int, Any]:
@@ -328,10 +328,10 @@ def test_sources_added_and_removed_by_sighup_and_by_patch(s3: Any, bucket: str, 
             except urllib.error.HTTPError as e:
                 return e.code, json.loads(e.read())
 
-        code, got = patch({"sources": {"web": {"url": "file:///etc/"}}})
-        assert code == 422 and "path on the daemon's disk" in got["detail"], got
-        code, got = patch({"sources": {"web": {"url": "zip://x::file:///etc/a.zip"}}})  # a chain to a local file
-        assert code == 422 and "not a remote store's URL" in got["detail"], got
+        code, got = patch({"sources": {"web": {"url": "file:///etc/"}}})  # not a remote store's URL
+        assert code == 409 and "path on the daemon's disk" in got["detail"] and "/etc" not in got["detail"], got
+        code, got = patch({"sources": {"web": {"url": "s3://b/x::file:///etc/a.zip"}}})  # a chain to a local file
+        assert code == 409 and "path on the daemon's disk" in got["detail"], got
         code, got = patch({"sources": {"web": {"url": urls["web"], "share": 0.5},
                                        "code": {"url": urls["code"], "share": 0.5}}})
         assert code == 200 and sorted(got["sources"]) == ["code", "web"], got

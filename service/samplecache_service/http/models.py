@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -321,20 +322,29 @@ class SamplerControl(BaseModel):
     state: str
 
 
-class SourceIn(BaseModel):
-    model_config = STRICT
+# the stores a PATCH may name as a source: remote ones only (file://, zip://, memory:// stay in the config file)
+REMOTE_PROTOCOLS = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "hf", "oss", "webhdfs",
+                    "hdfs", "sftp", "ftp")
+REMOTE_URL = re.compile(rf"^({'|'.join(REMOTE_PROTOCOLS)})://[^\s]+$")
+SOURCE_NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
 
-    url: str = Field(min_length=1, max_length=4096, description="A remote fsspec URL (s3://, gs://, az://, "
-                     "https://...); never a path on the daemon's disk")
-    share: float | None = Field(None, gt=0, le=1, description="Its fraction of max_bytes (null: an equal part of "
-                                "what the others leave)")
+
+# one source of PATCH /v1/config's ``sources``, as documented; checked by the route (routes/control.py), whose
+# refusals of what the schema allows are 409s naming the field (never echoing the value)
+SOURCE_IN: JsonDict = {"type": "object", "properties": {
+    "url": {"type": "string", "description": "A remote store's fsspec URL (s3://, gs://, az://, https://...); never "
+            "a path on the daemon's disk"},
+    "share": {"type": ["number", "null"], "description": "Its fraction of max_bytes (null: an equal part of what "
+              "the others leave)"}}, "required": ["url"]}
 
 
 class ConfigIn(BaseModel):
     model_config = STRICT
 
-    sources: dict[Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,64}$")], SourceIn] | None = Field(
-        None, description="The whole set of named sources after the change: a source left out is removed (its "
+    sources: dict[str, Any] | None = Field(
+        None, min_length=1, max_length=1024, json_schema_extra={"additionalProperties": SOURCE_IN},
+        description="The whole set of named sources after the change, name -> {url, share}: a source left out is "
+        "removed (its "
         "shards go once no lease pins them), a new one is added, a share changed is applied at once; a source's URL "
         "cannot change")
 

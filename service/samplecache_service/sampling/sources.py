@@ -3,17 +3,20 @@ coverage and failures), sharing the samplers, the LMDB writer and the budget, of
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from samplecache_service.config.redact import redact
-from samplecache_service.errors import Conflict, Invalid
+from samplecache_service.errors import Conflict
 from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.stores import FsspecRemote
 from samplecache_service.sampling.scheduler import Scheduler
 from samplecache_service.store.budget import ShareOf
+
+log = logging.getLogger("samplecache.daemon")
 
 
 @dataclass
@@ -61,26 +64,31 @@ def owner(remote: FsspecRemote) -> Callable[[str], bool]:
 
 
 def changed_remotes(old: dict[str, Source], named: dict[str, tuple[str, float]],
-                    remote_for: Callable[[str], FsspecRemote]) -> dict[str, FsspecRemote]:
+                    remote_for: Callable[[str], FsspecRemote], say_url: bool = True) -> dict[str, FsspecRemote]:
     """Each source's remote once the sources are ``named`` (name -> (URL, fraction)): a kept source's own, a new
-    one's made by ``remote_for``. Raises errors.Conflict for a kept name given another URL, errors.Invalid for no
-    source at all or for sources one within another."""
+    one's made by ``remote_for``. Raises errors.Conflict (nothing changed) for a kept name given another URL, no
+    source at all, a store that cannot be opened, or sources one within another. ``say_url`` False: the errors
+    name no URL (a request's answer never echoes what it sent; the log has it)."""
     moved = [n for n in named if n in old and old[n].remote.url != named[n][0]]
     if moved:
         raise Conflict(f"source(s) {moved} would change URL: a source's URL is fixed while the daemon runs (its "
                        f"cached sample is of that URL); add the new URL under another name")
     if not named:
-        raise Invalid("the sources would be none: keep at least one")
+        raise Conflict("the sources would be none: keep at least one")
     remotes = {}
     for n, (url, _) in named.items():
         try:
             remotes[n] = old[n].remote if n in old else remote_for(url)
         except Exception as e:  # an unknown protocol, its package missing, bad options: said, nothing changed
-            raise Invalid(f"source {n!r}: cannot open {redact(url)!r}: {type(e).__name__}: {redact(str(e))}") from None
+            log.warning("source %s: cannot open %s: %s: %s", n, redact(url), type(e).__name__, redact(str(e)),
+                        extra={"event": "source_failed"})
+            kind = type(e).__name__
+            what = f"{redact(url)!r}: {kind}: {redact(str(e))}" if say_url else f"its store ({kind})"
+            raise Conflict(f"source {n!r}: cannot open {what}") from None
     both = overlapping({n: r.root for n, r in remotes.items()})
     if both:
-        raise Invalid("sources " + ", ".join(f"{a!r} and {b!r}" for a, b in both) + " lie one within the other: "
-                      "their files cannot be told apart; give each its own prefix")
+        raise Conflict("sources " + ", ".join(f"{a!r} and {b!r}" for a, b in both) + " lie one within the other: "
+                       "their files cannot be told apart; give each its own prefix")
     return remotes
 
 

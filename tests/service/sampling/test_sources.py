@@ -178,7 +178,7 @@ def test_source_flags_name_sources_and_a_bare_url_is_default() -> None:
 
 def test_sources_are_added_reshared_and_removed_while_running(run: Callable[..., Daemon], data: dict[str, Path],
                                                               tmp_path: Path) -> None:
-    from samplecache_service.errors import Conflict, Invalid
+    from samplecache_service.errors import Conflict
     budget = 2_400_000
     d = run(sources={"web": {"url": f"file://{data['web']}/"}, "code": {"url": f"file://{data['code']}/"}},
             max_bytes=budget, pacing="off")
@@ -192,7 +192,7 @@ def test_sources_are_added_reshared_and_removed_while_running(run: Callable[...,
     assert d.epoch_shares() == {"web": 0.8, "math": 0.2}  # a new epoch no longer names code
     with pytest.raises(Conflict, match="would change URL"):
         d.set_sources({"web": (f"file://{data['code']}/", 1.0)})
-    with pytest.raises(Invalid, match="lie one within the other"):
+    with pytest.raises(Conflict, match="lie one within the other"):
         d.set_sources({"web": (f"file://{data['web']}/", 0.5), "sub": (f"file://{data['web']}/x/", 0.5)})
     assert sorted(d.sources) == ["math", "web"]  # a refused change changes nothing
 

@@ -5,21 +5,26 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-import fsspec
 from fastapi import APIRouter, Query
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from samplecache.format.constants import MAX_NUMBER
 from samplecache_service.config.redact import redact
 from samplecache_service.config.settings import SourceSpec, resolve_sources
-from samplecache_service.errors import Invalid
+from samplecache_service.errors import Conflict, Invalid
 from samplecache_service.http.deps import DaemonDep, TokenDep
-from samplecache_service.http.models import ConfigIn, ConfigOut, SamplerControl, ShardPage, SourceIn, problems
+from samplecache_service.http.models import (
+    REMOTE_PROTOCOLS,
+    REMOTE_URL,
+    SOURCE_NAME,
+    ConfigIn,
+    ConfigOut,
+    SamplerControl,
+    ShardPage,
+    problems,
+)
 
 router = APIRouter(tags=["control"])
-# the stores a PATCH may name as a source: remote ones only (file://, zip://, memory:// and chains stay in the config)
-REMOTE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "hf", "oss",
-                              "webhdfs", "hdfs", "sftp", "ftp"})
 _SIZE = TypeAdapter(ByteSize)
 
 
@@ -61,19 +66,29 @@ def _config(d: Any) -> dict[str, Any]:
             "sources": {n: {"url": s.shown, "share": s.share.fraction} for n, s in d.sources.items()}}
 
 
-def _named(body: dict[str, SourceIn]) -> dict[str, tuple[str, float]]:
-    """The sources a PATCH names, resolved; a URL on the daemon's disk is refused (no request names a path)."""
+def _named(body: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """The sources a PATCH names, resolved. errors.Conflict, naming the field, never echoing the value: a name that
+    is not one, an entry that is not {url, share}, a URL that is not a remote store's (a local or chained one could
+    name a path on the daemon's disk), shares that do not add up."""
+    specs = {}
     for name, spec in body.items():
-        protocol = fsspec.core.split_protocol(spec.url)[0]
-        if protocol not in REMOTE_PROTOCOLS or "::" in spec.url:  # a chained URL may end on a local file
-            known = ", ".join(sorted(REMOTE_PROTOCOLS))
-            raise Invalid(f"source {name!r}: {redact(spec.url)!r} is not a remote store's URL ({known}); it could "
-                          f"name a path on the daemon's disk, which no request may: add such a source in the config "
-                          f"file and reload it (SIGHUP)")
+        if not SOURCE_NAME.match(name):
+            raise Conflict("sources: a source name is 1-64 characters of a-z, 0-9, _ and -")
+        if not isinstance(spec, dict) or set(spec) - {"url", "share"} or not isinstance(spec.get("url"), str):
+            raise Conflict(f"sources.{name}: must be an object of url (a string) and share (a number or null)")
+        share = spec.get("share")
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                  or not 0 < share <= 1):
+            raise Conflict(f"sources.{name}.share: must be a number in (0, 1], or null")
+        if not REMOTE_URL.match(spec["url"]) or "::" in spec["url"] or len(spec["url"]) > 4096:
+            raise Conflict(f"sources.{name}.url: must be a remote store's URL ({', '.join(REMOTE_PROTOCOLS)}), "
+                           f"not chained: a local one could name a path on the daemon's disk, which no request may; "
+                           f"add such a source in the config file and reload it (SIGHUP)")
+        specs[name] = SourceSpec(url=spec["url"], share=share)
     try:
-        return resolve_sources("", {n: SourceSpec(url=s.url, share=s.share) for n, s in body.items()}, {})
+        return resolve_sources("", specs, {})
     except ValueError as e:
-        raise Invalid(str(e)) from None
+        raise Conflict(f"sources: {e}") from None
 
 
 def _size(name: str, v: int | str | None) -> int | None:

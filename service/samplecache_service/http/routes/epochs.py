@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from samplecache.format.constants import MAX_NUMBER
-from samplecache_service.errors import Invalid
 from samplecache_service.http.deps import EpochsDep, LeasingDep, TokenDep, is_authorized
 from samplecache_service.http.models import HeartbeatIn, LeaseIn, LeaseOut, problems
+
+log = logging.getLogger("samplecache.leases")
 
 router = APIRouter(tags=["epochs"])
 WRITES = problems(400, 401, 404, 409, 410, 413, 422)
@@ -62,7 +64,8 @@ async def heartbeat(leasing: LeasingDep, epoch: Epoch, lease_id: LeaseId, body: 
 
 
 def _per_source(raw: str | None) -> dict[str, int] | None:
-    """The ``read_sources`` query: a JSON object of names -> counts (Invalid: anything else)."""
+    """The ``read_sources`` query: a JSON object of names -> counts. Anything else is left out (logged): it is a
+    report for people, and the release itself must not fail on it."""
     if raw is None:
         return None
     try:
@@ -71,7 +74,9 @@ def _per_source(raw: str | None) -> dict[str, int] | None:
         got = None
     if not isinstance(got, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
                                             and 0 <= v <= MAX_NUMBER for k, v in got.items()):
-        raise Invalid("read_sources must be a JSON object of source name -> samples read (an int >= 0)")
+        log.warning("a lease release's read_sources is not a JSON object of source -> samples: left out",
+                    extra={"event": "bad_read_report"})
+        return None
     return got
 
 
@@ -79,7 +84,7 @@ def _per_source(raw: str | None) -> dict[str, int] | None:
 async def release(leasing: LeasingDep, epoch: Epoch, lease_id: LeaseId,
                   read: Annotated[int | None, Query(ge=0, le=MAX_NUMBER,
                                                     description="Samples its reader read")] = None,
-                  read_sources: Annotated[str | None, Query(max_length=65536, description="Of them, per source: a "
+                  read_sources: Annotated[str | None, Query(max_length=4096, description="Of them, per source: a "
                                                             "JSON object of source name -> samples")] = None
                   ) -> Response:
     leasing.release(epoch, lease_id, read, _per_source(read_sources))

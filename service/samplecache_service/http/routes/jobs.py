@@ -90,7 +90,8 @@ def _gone(leasing: Leasing, job: Job, job_epoch: int, daemon_epoch: int, missing
                 f"ds.set_epoch({nxt}) (samplecache.EpochGone has it as .next_epoch)", next_epoch=nxt)
 
 
-@router.put("/v1/jobs/{name}/epochs/{job_epoch}/mixture", status_code=204, responses=problems(401, 404, 409, 413, 422),
+@router.put("/v1/jobs/{name}/epochs/{job_epoch}/mixture", status_code=204,
+            responses=problems(400, 401, 404, 409, 413, 422),
             dependencies=[TokenDep])
 async def put_mixture(jobs: JobsDep, leasing: LeasingDep, name: Name, job_epoch: JobEpoch, body: MixtureIn,
                       run: Annotated[str, Query(pattern=RUN_PATTERN, description="The job's run")]) -> Response:
