@@ -113,8 +113,8 @@ class Daemon:
                                  max_per_job=settings.max_leases_per_job)
         self.jobs = JobTable(settings.lease_ttl)
         self.jobs.load(self.catalog.meta("jobs", []) or [])
-        try:
-            remotes = changed_remotes({}, self.named, self._remote)
+        try:  # no source at all is check_remote's to say, after the cache is opened (a map too large says first)
+            remotes = changed_remotes({}, self.named, self._remote) if self.named else {}
         except Conflict as e:
             self._close()
             raise StartupError(str(e)) from None

@@ -31,6 +31,8 @@ from samplecache_service.store.lmdbmeta import read_meta
 
 SHOWN = 100  # damaged blocks listed in the text output (--json lists all)
 
+FILE_CHECKS = 3  # reads of the file's header before it is called damaged (a live writer may be mid-commit)
+
 
 class CannotVerify(Exception):
     """Nothing could be checked: the message says why (exit 2)."""
@@ -127,11 +129,15 @@ def scrub(lmdb_dir: Path, quick: bool = False, progress: Callable[[ScrubReport],
     """Check every block of every shard of the cache at ``lmdb_dir``; CannotVerify when there is none."""
     t0 = time.monotonic()
     report = ScrubReport(cache=str(lmdb_dir / "data.mdb"), quick=quick)
-    try:
-        check_lmdb_file(lmdb_dir)
-    except StartupError as e:
-        report.file_error = str(e)
-        return report
+    for attempt in range(FILE_CHECKS):
+        try:
+            check_lmdb_file(lmdb_dir)
+            break
+        except StartupError as e:  # beside a live writer the header may be read mid-commit: look again first
+            if attempt == FILE_CHECKS - 1:
+                report.file_error = str(e)
+                return report
+            time.sleep(0.2)
     env, records, shards = _open(lmdb_dir)
     try:
         expected = _walk_keys(env, records, shards, report)
