@@ -12,7 +12,7 @@ from typing import Any
 from samplecache.version import __version__
 
 __all__ = ["SampleCacheDataset", "SampleCacheLoader", "DaemonError", "EpochGone", "MissingColumn", "MissingSource",
-           "MixedColumns", "collate", "decode_image", "__version__"]
+           "MixedColumns", "LossyValue", "collate", "decode_image", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -37,7 +37,8 @@ def __getattr__(name: str) -> Any:
     if name == "MissingSource":  # a mixture's source that holds no sample: which, and why
         from samplecache.core import MissingSource
         return MissingSource
-    if name == "MixedColumns":  # a column one source of a mixture lacks, or holds as another type
-        from samplecache.reading.layouts import MixedColumns
-        return MixedColumns
+    if name in ("MixedColumns", "LossyValue"):  # a column one source of a mixture lacks, or holds as a type
+        # that cannot be unified; a value a source holds that the unified type cannot hold exactly
+        from samplecache.reading import layouts
+        return getattr(layouts, name)
     raise AttributeError(f"module 'samplecache' has no attribute {name!r}")

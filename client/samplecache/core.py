@@ -23,13 +23,14 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from samplecache.api.client import DaemonError, EpochGone, request_json
+from samplecache.format.record import Schema
 from samplecache.reading.batching import ahead, batch_groups, batch_items, gather_batches
 from samplecache.reading.bufferpool import BufferPool
 from samplecache.reading.deal import position_after
 from samplecache.reading.epoch_clock import EpochClock
 from samplecache.reading.epoch_source import EpochPlan, EpochSource, MissingColumn, check_columns
 from samplecache.reading.gather import default_threads
-from samplecache.reading.layouts import MixedColumns
+from samplecache.reading.layouts import MixedColumns, read_schema
 from samplecache.reading.mixture import MixedOrder, mixture_counts
 from samplecache.reading.options import (
     DEFAULT_URL,
@@ -188,11 +189,29 @@ class Reader:
 
     def schema(self) -> dict[str, Any]:
         """``GET /v1/schema``, its ``columns`` narrowed to (and in the order of) the columns asked for: each
-        with ``name``, ``kind``, ``dtype``, ``shape``, ``nullable``. Raises ``MissingColumn``."""
+        with ``name``, ``kind``, ``dtype``, ``shape``, ``nullable``. With several sources, the types the batches
+        come in: each column's unified over the sources read (the mixture's, else every one). Raises
+        ``MissingColumn``."""
         s = self.source
-        got: dict[str, Any] = request_json(f"{s.url}/v1/schema", token=s.token, retries=s.retries,
-                                           deadline=s.deadline, what="reading the cache's schema")
+
+        def get(path: str, retries: int | None = s.retries) -> Any:
+            return request_json(f"{s.url}{path}", token=s.token, retries=retries, deadline=s.deadline,
+                                what="reading the cache's schema")
+        got: dict[str, Any] = get("/v1/schema")
         by_name = {c["name"]: c for c in got["columns"]}
+        mixture = self.split.mixture
+        names = sorted(x["name"] for x in get("/v1/sources") if not mixture or mixture.get(x["name"], 0) > 0)
+        schemas: dict[str, Schema] = {}
+        for n in names if len(names) > 1 else ():
+            try:
+                schemas[n] = Schema.from_json(get(f"/v1/schema?source={n}", retries=0))
+            except DaemonError as e:  # a source not discovered yet (503) or just removed (404): its read says
+                if e.status not in (404, 503):
+                    raise
+        if len(schemas) > 1:
+            read = read_schema(schemas, list(self.cache.columns) if self.cache.columns is not None
+                               else list(by_name), self.cache.fill_missing)
+            by_name = {c.name: {**by_name.get(c.name, {}), **c.to_json()} for c in read.columns}
         wanted = list(self.cache.columns) if self.cache.columns is not None else list(by_name)
         check_columns(wanted, list(by_name), got.get("skipped_columns"))
         return {**got, "columns": [by_name[c] for c in wanted]}

@@ -441,9 +441,9 @@ def read_epoch(ds: SampleCacheDataset, loader: Any, epoch: int, at_first: Callab
 def test_the_readme_loop_reads_through_a_frozen_daemon_then_fails_within_the_deadline(
         daemon: Any, typed_dataset: Any) -> None:
     """Issue 21, item 3: 2 persistent workers, the daemon's process group SIGSTOPped once the next epoch was
-    leased ahead. That epoch (sealed, leased) reads whole from LMDB; its end does not wait on the daemon; the next epoch's first call
-    raises within the deadline although ``wait`` is 60 s (warm-up was met long ago), naming the URL and what it
-    waited for."""
+    leased ahead. That epoch (sealed, leased) reads whole from LMDB; its end does not wait on the daemon; the next
+    epoch's first call raises within the deadline although ``wait`` is 60 s (warm-up was met long ago), naming the
+    URL and what it waited for."""
     d = daemon()
     everything_cached(d, typed_dataset.rows)
     ds = SampleCacheDataset(d.url, columns=["id"], job="frozen", deadline=LOOP_DEADLINE)

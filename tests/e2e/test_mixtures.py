@@ -1,7 +1,8 @@
 """Several sources on one daemon and jobs that read exact weighted mixtures of them (issue 24), with real parts:
 three prefixes of different sizes on the S3 server (their schemas differ: code has a column more, first, and math
-one more, last; the columns read are the same in all), a daemon subprocess, ``SampleCacheLoader`` with 2 workers,
-torchrun 2 ranks x 2 workers, and the fault proxy for a source whose remote fails."""
+two more, last; code holds x as float64 and math id as int32, which unify with the others' types), a daemon
+subprocess, ``SampleCacheLoader`` with 2 workers, torchrun 2 ranks x 2 workers, and the fault proxy for a source
+whose remote fails."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from faultproxy import FaultProxy
 from paths import SCRIPTS
 
@@ -44,10 +46,11 @@ LAUNCH_TIMEOUT = 150
 def _table(name: str, file: int, rows: int, first: int) -> pa.Table:
     ids = np.arange(first + file * rows, first + (file + 1) * rows, dtype=np.int64)
     cols: dict[str, Any] = {"id": ids, "x": (ids % 1000).astype(np.float32)}
-    if name == "code":
-        cols = {"lang": pa.array(["py"] * rows), **cols}  # another layout: its columns come later
-    if name == "math":
-        cols["level"] = np.full(rows, 3, np.int8)
+    if name == "code":  # another layout (its columns come later), and x as float64: read widened from web
+        cols = {"lang": pa.array(["py"] * rows), "id": ids, "x": cols["x"].astype(np.float64)}
+    if name == "math":  # id as int32: read as int64 with the others; a lang that cannot unify with code's
+        cols = {"id": ids.astype(np.int32), "x": cols["x"], "level": np.full(rows, 3, np.int8),
+                "lang": np.full(rows, 7, np.int8)}
     return pa.table(cols)
 
 
@@ -358,3 +361,49 @@ def test_a_column_one_source_lacks_is_named_or_filled_with_nulls(url: str) -> No
         from_math = i // BASE == NAMES.index("math")
         assert ok == from_math and (level == 3 if from_math else level == 0), (i, level, ok)
     ds.close()
+
+
+def test_columns_held_as_narrower_types_are_read_widened_exactly(url: str) -> None:
+    """web's x is float32 and code's float64; math's id is int32 and the others' int64: the job reads x as float64
+    and id as int64 from every source (Arrow's rules, as across files), each value exactly as its source holds it."""
+    ds = SampleCacheDataset(url, columns=["id", "x"], mixture=MIX, job="widened")
+    ids, xs = [], []
+    for b in SampleCacheLoader(ds, batch_size=32, num_workers=2):
+        assert b["id"].dtype == torch.int64 and b["x"].dtype == torch.float64, (b["id"].dtype, b["x"].dtype)
+        ids.append(b["id"].numpy().ravel())
+        xs.append(b["x"].numpy().ravel())
+    id_, x = np.concatenate(ids), np.concatenate(xs)
+    assert by_source(id_) == expected(MIX) and len(set(id_.tolist())) == len(id_)
+    assert np.array_equal(x, (id_ % 1000).astype(np.float64))  # float32 widened: the same numbers
+    sample = next(iter(SampleCacheDataset(url, columns=["id", "x"], mixture={"math": 1}, job="widened-one")))
+    assert np.asarray(sample["id"]).dtype == np.int64 and sample["id"] // BASE == 2, sample  # one by one too
+    ds.close()
+
+
+def test_a_column_whose_types_cannot_unify_names_both_sources_and_types(url: str) -> None:
+    ds = SampleCacheDataset(url, columns=["id", "lang"], mixture={"code": 1, "math": 1}, job="lang-clash")
+    with pytest.raises(ValueError, match=r"column 'lang' is int8 in source 'math' and (large_)?string in source "
+                                         r"'code': they cannot be unified"):
+        next(iter(SampleCacheLoader(ds, batch_size=32)))
+    ds.close()
+
+
+def test_the_numpy_and_tensorflow_adapters_read_the_same_exact_widened_mixture(url: str) -> None:
+    """Through the shared core: exact per-source counts, and the unified types in the arrays and in the element
+    spec that tf.data fixes before the first batch."""
+    from samplecache.arrays import numpy_batches
+
+    batches = list(numpy_batches(url, 32, columns=["id", "x"], mixture=MIX, mix="stratified", job="np-mix"))
+    ids = np.concatenate([b["id"] for b in batches])
+    assert {b["x"].dtype for b in batches} == {np.dtype(np.float64)} and ids.dtype == np.int64
+    assert by_source(ids) == expected(MIX) and len(set(ids.tolist())) == len(ids)
+    import samplecache.tf as sctf
+    import tensorflow as tf
+
+    with sctf.Feed(url, ["id", "x"], batch_size=32, mixture=MIX, job="tf-mix") as f:
+        spec = f.element_spec
+        assert spec["x"].dtype == tf.float64 and spec["id"].dtype == tf.int64, spec
+        got = [(b["id"].numpy(), b["x"].numpy()) for b in f.dataset()]
+    ids = np.concatenate([i for i, _ in got])
+    assert by_source(ids) == expected(MIX) and len(set(ids.tolist())) == len(ids)
+    assert np.array_equal(np.concatenate([x for _, x in got]), (ids % 1000).astype(np.float64))

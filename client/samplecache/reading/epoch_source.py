@@ -28,7 +28,7 @@ from samplecache.api.lease import LeaseKeeper
 from samplecache.format.manifest import Manifest
 from samplecache.format.record import FORMAT_VERSION, FormatError, Schema
 from samplecache.reading.epoch_clock import EpochClock
-from samplecache.reading.layouts import MixedColumns, column_maps
+from samplecache.reading.layouts import Layout, MixedColumns, column_maps
 from samplecache.reading.options import CacheOptions
 from samplecache.reading.reader import CacheReader
 
@@ -103,11 +103,12 @@ class EpochPlan:
     def _map_sources(self, parsed: Manifest, fill_missing: bool) -> None:
         schemas = {n: Schema.from_json(parsed.source_schema(n)) for n in self.source_names}
         main = next((n for n in self.source_names if parsed.source_schema(n) == self._main), self.source_names[0])
-        maps, self.source_problems = column_maps(self.schema, main, self.cols, schemas, fill_missing)
-        layouts: dict[int, tuple[Schema, list[int] | None]] = {}
+        unified, maps, self.source_problems = column_maps(self.schema, main, self.cols, schemas, fill_missing)
+        self.schema = self.reader.schema = unified  # the read columns' types unified over the sources
+        layouts: dict[int, tuple[Schema, Layout, str]] = {}
         for s, name in enumerate(self.source_names):
-            if name in maps and (maps[name] is not None or parsed.source_schema(name) != self._main):
-                lay = (schemas[name], maps[name])
+            if name in maps and (not maps[name].plain or parsed.source_schema(name) != self._main):
+                lay = (schemas[name], maps[name], name)
                 layouts.update((sid, lay) for sid in self.ids[self.source_of == s].tolist())
         self.reader.layouts = layouts
 
@@ -121,8 +122,8 @@ class EpochPlan:
         wrong = [self.source_problems[n] for n in names if n in self.source_problems]
         if wrong:
             raise MixedColumns(f"epoch {self.daemon_epoch}'s sources cannot be read together: " + "; ".join(wrong)
-                               + " (no value is cast to fit: read the columns every source holds alike, or "
-                               "leave the source out of the mixture)")
+                               + " (no value is cast to fit: read the columns every source holds as types that "
+                               "unify, or leave the source out of the mixture)")
 
 
 def _close_at_exit(ref: "weakref.ref[EpochSource]") -> None:

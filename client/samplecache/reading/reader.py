@@ -26,7 +26,7 @@ import numpy as np
 from samplecache.format.constants import CACHE_ID_KEY, MAX_READERS, META_DB
 from samplecache.format.record import BlockView, Schema, check_block, record_key
 from samplecache.reading.gather import PARALLEL_MIN_BYTES, copy_all
-from samplecache.reading.layouts import MappedView
+from samplecache.reading.layouts import Layout, MappedView
 
 VALID_SUFFIX = "__valid"  # batches: the mask of a fixed column with nulls
 LARGE_SAMPLE_BYTES = 64 << 10  # samples this large are copied one by one (over threads), smaller ones gathered
@@ -177,9 +177,9 @@ class CacheReader:
         environment has SAMPLECACHE_VERIFY=1). ``cache_id``: the manifest's; reading a cache of another
         identity raises ``CacheReplaced`` ("": no check, a manifest sealed before caches had one)."""
         self.path, self.map_size, self.schema, self.cache_id = path, map_size, schema, cache_id
-        # shard id -> its source's schema and column map (layouts.column_maps), for the shards of sources whose
-        # schema is not ``schema`` (a manifest of several sources); empty: every block is in ``schema``
-        self.layouts: dict[int, tuple[Schema, list[int] | None]] = {}
+        # shard id -> its source's schema, layout (column map, casts: layouts.column_maps) and name, for the shards
+        # of sources whose schema is not ``schema`` (a manifest of several sources); empty: every block is in it
+        self.layouts: dict[int, tuple[Schema, Layout, str]] = {}
         self.verify = verify or verify_from_env()
         self._verified = _VERIFIED.setdefault(path, set())
 
@@ -201,7 +201,7 @@ class CacheReader:
                 views[k] = BlockView(buf, self.schema)
             else:
                 view = BlockView(buf, lay[0])
-                views[k] = view if lay[1] is None else MappedView(view, lay[1], self.schema)  # type: ignore[assignment]
+                views[k] = view if lay[1].plain else MappedView(view, lay[1], self.schema, lay[2])  # type: ignore[assignment]
         return views
 
     def batch(self, sids: np.ndarray, rpbs: np.ndarray, rows: np.ndarray, cols: Sequence[int],
@@ -231,7 +231,8 @@ class CacheReader:
                     dtype = np.dtype(col.dtype or "<f4")
                     if masks and dtype.kind in "Mm":
                         dtype = np.dtype("<i8")
-                    if not nulls and _per_sample(n, len(at.keys), math.prod(col.shape) * dtype.itemsize):
+                    if not nulls and _per_sample(n, len(at.keys), math.prod(col.shape) * dtype.itemsize) \
+                            and not (self.layouts and _widened(views, ci)):
                         out[name] = _copy_rows([views[u] for u in at.keys], ci, (n,) + col.shape, dtype, at,
                                                alloc and (lambda sh, dt: alloc(name, sh, dt)), threads)
                         continue
@@ -318,6 +319,11 @@ def _unique(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _per_sample(n: int, blocks: int, row_bytes: int) -> bool:
     """Whether a batch's column is copied sample by sample: every sample in its own block, or large samples."""
     return blocks == n or (n * row_bytes >= PARALLEL_MIN_BYTES and row_bytes >= LARGE_SAMPLE_BYTES)
+
+
+def _widened(views: dict[int, BlockView], ci: int) -> bool:
+    """Whether a block of the batch holds column ``ci`` narrower than it is read (its bytes cannot be copied)."""
+    return any(ci in getattr(v, "casts", ()) for v in views.values())
 
 
 def _copy_rows(views: list[BlockView], ci: int, shape: tuple[int, ...], dtype: np.dtype, at: _Where,
