@@ -33,6 +33,7 @@ import pytest
 from cache_check import CacheSummary, check_cache
 from parquet_data import write_dataset
 
+from samplecache.format.manifest import Manifest
 from samplecache_service.store.staging import SUFFIX, TMP_SUFFIX, StagingError, read_staged, write_staged
 
 pytestmark = pytest.mark.e2e
@@ -280,8 +281,9 @@ def test_sigkill_loop_leaves_a_consistent_cache(daemon: Any, crash_dataset: Cras
 
     with explained("warm-up", seed, runs):
         wait_for(lambda: http_json(d.url + "/v1/status")["shards"] >= 2, 60, "two shards ingested")
-        manifest_raw = http_raw(d.url + "/v1/epochs/0?min_samples=1&timeout=30")
-        manifest = json.loads(manifest_raw)
+        # the compact form is the manifest as stored, byte for byte
+        manifest_raw = http_raw(d.url + "/v1/epochs/0?min_samples=1&timeout=30&format=compact")
+        manifest = Manifest.from_json(json.loads(manifest_raw)).to_json()
         pinned = {int(e[0]) for e in manifest["shards"]}
         assert pinned and manifest["samples"] > 0
         lease = http_json(d.url + "/v1/epochs/0/leases", "POST", {"ttl": 600, "holder": "crash test"},
@@ -295,7 +297,7 @@ def test_sigkill_loop_leaves_a_consistent_cache(daemon: Any, crash_dataset: Cras
 
     # a reader process reads the leased epoch straight from LMDB through every crash
     man_file, exp_file, stop_file = tmp_path / "m0.json", tmp_path / "m0-ids.json", tmp_path / "reader.stop"
-    man_file.write_bytes(manifest_raw)
+    man_file.write_text(json.dumps(manifest))  # the shard table as rows
     exp_file.write_text(json.dumps({sid: crash_dataset.unit_ids(first.shards[sid]).tolist() for sid in pinned}))
     reader = subprocess.Popen([sys.executable, "-c", READER_SCRIPT, str(man_file), str(exp_file), str(stop_file)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -372,7 +374,7 @@ def test_sigkill_loop_leaves_a_consistent_cache(daemon: Any, crash_dataset: Cras
                 # recovery ran before the server answered: nothing of the killed runs is left in staging
                 old = {n: m for n, m in staging_files(cache).items() if m < t_restart}
                 assert not old, f"staging files of the killed run survived the restart: {sorted(old)}"
-                assert http_raw(d.url + "/v1/epochs/0") == manifest_raw, "epoch 0 is served differently"
+                assert http_raw(d.url + "/v1/epochs/0?format=compact") == manifest_raw, "epoch 0 is served differently"
                 now = crash_dataset.check_ids(cache)
                 assert_successor(after, now, manifest_raw, pinned)
                 # complete staging files were ingested (there is room: only epoch 0 is pinned), under new ids;
@@ -486,7 +488,7 @@ def test_sigterm_with_busy_samplers_exits_cleanly(daemon: Any, s3: Any, crash_da
         d = daemon(crash_dataset.url, cache, extra=extra, env=env, timeout=90)
         with explained("SIGTERM with busy samplers", seed, [d]):
             wait_for(lambda: http_json(d.url + "/v1/status")["shards"] >= 2, 60, "two shards ingested")
-            manifest_raw = http_raw(d.url + "/v1/epochs/0")
+            manifest_raw = http_raw(d.url + "/v1/epochs/0?format=compact")
             status = wait_for(lambda: (lambda s: s if s["sampler"]["in_flight"] >= 1 else None)(
                 http_json(d.url + "/v1/status")), 30, "samplers busy")
             assert status["shards"] < FILES * ROWS_PER_FILE // ROW_GROUP, "the whole dataset is cached: not busy"
@@ -512,7 +514,7 @@ def test_sigterm_with_busy_samplers_exits_cleanly(daemon: Any, s3: Any, crash_da
         for sid, raw in at_stop.shard_raw.items():
             assert again.shard_raw.get(sid) == raw, f"shard {sid} lost or changed across the restart"
         assert again.manifests == at_stop.manifests
-        assert http_raw(d2.url + "/v1/epochs/0") == manifest_raw
+        assert http_raw(d2.url + "/v1/epochs/0?format=compact") == manifest_raw
         old = sorted(n for n, m in staging_files(cache).items() if m < t_restart)
         assert not old, f"staged files kept by the clean stop were not recovered at start: {old}"
         print(f"sigterm: {len(at_stop.shard_ids)} shards at stop, {len(leftover)} staged files kept, "

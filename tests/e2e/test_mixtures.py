@@ -397,8 +397,9 @@ def test_the_numpy_and_tensorflow_adapters_read_the_same_exact_widened_mixture(u
     ids = np.concatenate([b["id"] for b in batches])
     assert {b["x"].dtype for b in batches} == {np.dtype(np.float64)} and ids.dtype == np.int64
     assert by_source(ids) == expected(MIX) and len(set(ids.tolist())) == len(ids)
-    import samplecache.tf as sctf
     import tensorflow as tf
+
+    import samplecache.tf as sctf
 
     with sctf.Feed(url, ["id", "x"], batch_size=32, mixture=MIX, job="tf-mix") as f:
         spec = f.element_spec

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import lmdb
 import numpy as np
 
+from samplecache.format.manifest import Manifest
 from samplecache.format.record import BlockView, FormatError, Schema, decode_rows, parse_key, record_key
 
 DB_NAMES = (b"records", b"shards", b"epochs", b"files", b"meta")
@@ -51,7 +52,7 @@ class CacheSummary:
         return json.loads(self.manifests[epoch])
 
     def manifest_ids(self, epoch: int) -> list[int]:
-        return [int(e[0]) for e in self.manifest(epoch)["shards"]]
+        return Manifest.from_json(self.manifest(epoch)).table()[:, 0].tolist()
 
 
 def lmdb_dir(path: str | Path) -> Path:
@@ -208,7 +209,7 @@ def _check(txn: lmdb.Transaction, dbs: dict[bytes, Any], problems: list[str], de
         manifests[epoch] = bytes(v)
         try:
             m = json.loads(v)
-            entries = m["shards"]
+            entries = Manifest.from_json(m).table().tolist()  # stored packed (shards_packed), or as a list
             if m["epoch"] != epoch:
                 problems.append(f"manifest stored as epoch {epoch} says epoch {m['epoch']}")
             if sum(int(e[1]) for e in entries) != m["samples"]:

@@ -22,8 +22,9 @@ from samplecache_service.epochs.jobs import PIN_GRACE_S, JobTable
 from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.errors import Conflict, Gone, NotReady
 from samplecache_service.store.budget import Budget
-from samplecache_service.store.catalog import Catalog, Shard
-from samplecache_service.store.eviction import plan_eviction
+from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.eviction import evict_first
+from samplecache_service.store.shardtable import Columns
 from samplecache_service.store.writer import Writer
 
 log = logging.getLogger("samplecache.epochs")
@@ -33,41 +34,44 @@ log = logging.getLogger("samplecache.epochs")
 UNREAD_GRANTS = 2
 
 
-def select_shards(shards: list[Shard], max_samples: int, seed: int, epoch: int) -> list[Shard]:
-    """Every resident shard, or with a cap a seeded random subset (at least one shard), in id order."""
-    if max_samples <= 0 or sum(s.rows for s in shards) <= max_samples:
-        return shards
-    order = np.random.default_rng([seed, epoch, 7]).permutation(len(shards))
-    picked: list[Shard] = []
-    rows = 0
-    for i in order:
-        s = shards[int(i)]
-        if picked and rows + s.rows > max_samples:
+def select_shards(rows: np.ndarray, max_samples: int, seed: int, epoch: int) -> np.ndarray:
+    """The positions of the shards (of ``rows`` samples each, in id order) an epoch names: every one, or with a
+    cap a seeded random subset (at least one shard), ascending."""
+    if max_samples <= 0 or int(rows.sum()) <= max_samples:
+        return np.arange(len(rows))
+    picked: list[int] = []
+    total = 0
+    for i in np.random.default_rng([seed, epoch, 7]).permutation(len(rows)).tolist():
+        r = int(rows[i])
+        if picked and total + r > max_samples:
             continue
-        picked.append(s)
-        rows += s.rows
-    return sorted(picked, key=lambda s: s.id)
+        picked.append(i)
+        total += r
+    return np.sort(np.array(picked, np.int64))
 
 
-def build_manifest(epoch: int, shards: list[Shard], schema: dict[str, Any], lmdb_path: str,
-                   map_size: int, seed: int, source: str, previous: set[int], remote_bytes: int = 0,
+def build_manifest(epoch: int, shards: Columns, schema: dict[str, Any], lmdb_path: str,
+                   map_size: int, seed: int, source: str, previous: np.ndarray, remote_bytes: int = 0,
                    skipped_columns: dict[str, str] | None = None, cache_id: str = "",
-                   sources: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The manifest of ``epoch``: shards in id (= age) order. ``sources``: each named source's schema, skipped
-    columns and URL; a one-source daemon (only ``default``) leaves them out, as before sources had names."""
+                   sources: dict[str, dict[str, Any]] | None = None) -> Manifest:
+    """The manifest of ``epoch``: ``shards`` in id (= age) order (``previous``: the previous epoch's shard ids,
+    for its new samples). ``sources``: each named source's schema, skipped columns and URL; a one-source daemon
+    (only ``default``) leaves them out, as before sources had names."""
     named = dict(sources or {})
-    if set(named) <= {DEFAULT_SOURCE} and all(s.source == DEFAULT_SOURCE for s in shards):
+    own = [shards.sources[i] for i in np.unique(shards.source).tolist()]
+    if set(named) <= {DEFAULT_SOURCE} and set(own) <= {DEFAULT_SOURCE}:
         named = {}
-    index = {n: i for i, n in enumerate(sorted(named))}
+    index = np.array([sorted(named).index(n) if n in named else -1 for n in shards.sources] or [0], np.int64)
+    table = np.stack([shards.id, shards.rows, shards.bytes, shards.rows_per_block], axis=1)
+    new = ~np.isin(shards.id, previous, assume_unique=True)
     return Manifest(
-        sources=named, shard_sources=pack_indices([index[s.source] for s in shards]) if named else "",
+        sources=named, shard_sources=pack_indices(index[shards.source]) if named else "",
         epoch=epoch, seed=seed, source=source, lmdb_path=lmdb_path, map_size=map_size, schema=schema,
         cache_id=cache_id,
         skipped_columns=dict(skipped_columns or {}), sealed_at=time.time(),
-        samples=sum(s.rows for s in shards), bytes=sum(s.bytes for s in shards),
-        new_samples=sum(s.rows for s in shards if s.id not in previous), remote_bytes=remote_bytes,
-        shards=[(s.id, s.rows, s.bytes, s.rows_per_block) for s in shards],
-    ).to_json()
+        samples=int(shards.rows.sum()), bytes=int(shards.bytes.sum()),
+        new_samples=int(shards.rows[new].sum()), remote_bytes=remote_bytes, shards=table,
+    )
 
 
 @dataclass
@@ -101,33 +105,37 @@ class EpochManager:
         self._unread_lock = threading.Lock()  # leases are settled on the writer thread
         self._fresh: dict[int, float] = {}  # epochs sealed and not leased yet -> when (their own short pin)
         self._lock = asyncio.Lock()
-        self._ids: dict[int, frozenset[int]] = {}
+        self._ids: dict[int, frozenset[int]] = {}  # epoch -> the ids of its shards (pins), made when asked
+        self._id_arrays: dict[int, np.ndarray] = {}  # epoch -> the same ids as an array (a seal's "previous")
         self._sealed_from: dict[int, tuple[Any, ...]] = {}  # the latest uncapped epoch -> what it was made from
 
     def kept_epochs(self) -> set[int]:
         """Epochs whose manifests must stay whatever their age: pinned (leases, a fresh seal) or job-mapped."""
         return self.pinned_epochs() | self.jobs.mapped()
 
-    def resident_for_epoch(self) -> list[Shard]:
+    def resident_for_epoch(self) -> Columns:
         """What a new epoch may name: the resident shards, less what the eviction policy would drop to keep
         ``headroom`` of the budget free. While an epoch is leased its shards cannot be evicted, so this headroom
         is where new shards go until the next epoch; without it a full, leased cache could never take in new
-        data. Shards of a file no longer live in its table are never named, even while a lease keeps them."""
+        data. Shards of a file no longer live in its table are never named, even while a lease keeps them.
+        Columns in, columns out: no loop over the shards (100k of them seal in milliseconds)."""
+        cols = self.catalog.columns()
         removed = self.catalog.removed_files()
-        shares = self.shares()
-        by_source: dict[str, list[Shard]] = {}
-        for s in self.catalog.shards():
-            if s.path not in removed:
-                by_source.setdefault(s.source, []).append(s)
-        out: list[Shard] = []
-        for name, fraction in shares.items():  # each source's headroom within its own share
-            shards = by_source.get(name, [])
-            if not shards:
+        if removed:
+            cols = cols.take(~cols.in_files(removed))
+        keep = np.zeros(len(cols), bool)
+        for name, fraction in self.shares().items():  # each source's headroom within its own share
+            mine = np.flatnonzero(cols.of_source(name))
+            if not len(mine):
                 continue
-            keep = int(self.budget.max_bytes * fraction * (1.0 - self.rules.headroom))
-            drop = set(plan_eviction(shards, (), keep, 0, self.budget.policy, self.rules.seed).evict)
-            out += [s for s in shards if s.id not in drop] or shards[-1:]
-        return sorted(out, key=lambda s: s.id) if len(shares) > 1 else out
+            room = int(self.budget.max_bytes * fraction * (1.0 - self.rules.headroom))
+            sizes = cols.bytes[mine]
+            drop, _ = evict_first(cols.id[mine], sizes, cols.last_used[mine], int(sizes.sum()) - room,
+                                  self.budget.policy, self.rules.seed)
+            kept = np.ones(len(mine), bool)
+            kept[drop] = False
+            keep[mine[kept] if kept.any() else mine[-1:]] = True
+        return cols.take(keep)
 
     def last_sealed(self) -> int:
         eps = self.catalog.epochs()
@@ -139,11 +147,20 @@ class EpochManager:
             raw = self.catalog.manifest_bytes(epoch)
             if not raw:
                 return frozenset()  # not sealed, or no longer kept: never cached as "no shards"
-            got = frozenset(int(e[0]) for e in json.loads(raw)["shards"])
-            self._ids[epoch] = got
+            got = self._ids[epoch] = frozenset(self._named(epoch, raw).tolist())
             kept = set(self.catalog.epochs())
             for e in [e for e in self._ids if e not in kept]:
                 del self._ids[e]
+        return got
+
+    def _named(self, epoch: int, raw: bytes | None = None) -> np.ndarray:
+        """The ids of the shards ``epoch`` names, ascending (empty when it is not sealed or no longer kept)."""
+        got = self._id_arrays.get(epoch)
+        if got is None:
+            raw = raw if raw is not None else self.catalog.manifest_bytes(epoch)
+            if not raw:
+                return np.zeros(0, np.int64)
+            got = self._id_arrays[epoch] = Manifest.from_json(json.loads(raw)).table()[:, 0].copy()
         return got
 
     def pinned_epochs(self) -> set[int]:
@@ -191,6 +208,10 @@ class EpochManager:
         """``epoch``'s manifest with its shard table packed (what the client reads), if it is sealed."""
         return self.catalog.compact_manifest(epoch)
 
+    def full_manifest(self, epoch: int) -> bytes | None:
+        """``epoch``'s manifest with its shard table as the list of rows (the plain JSON form), if it is sealed."""
+        return self.catalog.full_manifest(epoch)
+
     def _made_from(self) -> tuple[Any, ...]:
         """What an uncapped epoch sealed now would be made from: the resident shards and the settings that
         decide which of them it names (and the files: one that left its table takes its shards out)."""
@@ -233,26 +254,28 @@ class EpochManager:
 
     async def _seal(self, epoch: int, cap: int, grant: bool) -> bytes:
         """Seal ``epoch`` (the next one) from the shards resident now. The caller holds ``_lock``."""
-        previous = set(self.shard_ids(epoch - 1)) if epoch > 0 else set()
+        previous = self._named(epoch - 1) if epoch > 0 else np.zeros(0, np.int64)
         fields = self.manifest_fields()
         key = self._made_from()
-        made: list[list[Shard]] = []  # the shards it names, once built (not when it was there already)
+        made: list[Manifest] = []  # the manifest, once built (not when it was there already)
 
-        def build() -> dict[str, Any]:
+        def build() -> Manifest:
             # on the writer thread, before the seal commits: no ingest after it can evict the epoch's shards
             self._mark_fresh(epoch)
-            made.append(select_shards(self.resident_for_epoch(), cap, fields["seed"], epoch))
-            return build_manifest(epoch, made[0], previous=previous, **fields)
+            resident = self.resident_for_epoch()
+            shards = resident.take(select_shards(resident.rows, cap, fields["seed"], epoch))
+            made.append(build_manifest(epoch, shards, previous=previous, **fields))
+            return made[0]
 
         raw = await asyncio.wrap_future(self.writer.seal(epoch, build, self.rules.keep_last, self.kept_epochs))
         if made:
-            self._ids[epoch] = frozenset(s.id for s in made[0])  # the next seal's "previous": never parsed back
+            self._id_arrays[epoch] = made[0].table()[:, 0]  # the next seal's "previous": never parsed back
             kept = set(self.catalog.epochs())
-            for e in [e for e in self._ids if e not in kept]:
-                del self._ids[e]
-            rows = sum(s.rows for s in made[0])
-            log.info("epoch %d sealed: %d shards, %d samples", epoch, len(made[0]), rows,
-                     extra={"event": "epoch_sealed", "epoch": epoch, "rows": rows})
+            for cache in (self._ids, self._id_arrays):
+                for e in [e for e in cache if e not in kept]:
+                    del cache[e]
+            log.info("epoch %d sealed: %d shards, %d samples", epoch, len(made[0].table()), made[0].samples,
+                     extra={"event": "epoch_sealed", "epoch": epoch, "rows": made[0].samples})
         self._sealed_from = {epoch: key} if cap <= 0 else {}
         if grant:
             self.grant(epoch)

@@ -21,13 +21,15 @@ import json
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import lmdb
+import numpy as np
 
-from samplecache.format.manifest import compact
+from samplecache.format.manifest import Manifest, compact
 from samplecache_service.config.settings import DEFAULT_SOURCE
 from samplecache_service.store.fileinfo import FileInfo
+from samplecache_service.store.shardtable import Columns, ShardTable
 
 DBS = (b"records", b"shards", b"epochs", b"files", b"meta")
 MANIFEST_CACHE = 8
@@ -101,7 +103,7 @@ class Catalog:
         self._lock = threading.RLock()
         self._state = CatalogState()
         self._manifests: "OrderedDict[int, bytes]" = OrderedDict()
-        self._compact: dict[int, bytes] = {}
+        self._forms: dict[tuple[int, str], bytes] = {}  # (epoch, "packed" | "rows") -> the manifest in that form
         self.resident_bytes = 0
         self.resident_rows = 0
         self._units: Counter[tuple[str, int]] = Counter()
@@ -109,6 +111,8 @@ class Catalog:
         self.files_version = 0
         self._removed: tuple[int, frozenset[str]] = (-1, frozenset())  # (files_version, removed files' paths)
         self.shards_version = 0  # changes whenever a shard is added or removed
+        self._table = ShardTable()  # the resident shards as columns: what a seal reads
+        self._used_stale = False  # the table's last-used epochs are newer than the records' (see shards())
         self._summaries: dict[int, dict[str, Any]] = {}  # kept epochs' summaries (status, jobs)
         self._manifest_sizes: dict[int, int] = {}
         self.manifest_total = 0  # bytes of the kept manifests: they count within the budget
@@ -147,6 +151,7 @@ class Catalog:
         self.resident_rows = sum(s.rows for s in st.shards.values())
         for s in st.shards.values():
             self._count(s, 1)
+            self._table.add(s)
 
     def _last_used(self) -> None:
         """Each shard's ``last_used_epoch`` (the lru policy's order): the newest kept epoch that names it, read back
@@ -159,8 +164,8 @@ class Catalog:
                 if not left:
                     break
                 raw = txn.get(u64(e), db=self.dbs[b"epochs"])
-                for row in json.loads(raw)["shards"] if raw is not None else ():
-                    sid = int(row[0])
+                ids = Manifest.from_json(json.loads(raw)).table()[:, 0].tolist() if raw is not None else ()
+                for sid in ids:
                     if sid in left:
                         left.discard(sid)
                         s = st.shards[sid]
@@ -171,12 +176,27 @@ class Catalog:
         with self._lock:
             return self._state.meta.get(key, default)
 
+    def _catch_up(self) -> None:
+        """Seals set the table's last-used epochs; the records catch up when one is read, once per seal (the
+        caller holds the lock)."""
+        if self._used_stale:
+            for sid, epoch in self._table.last_used().items():
+                self._state.shards[sid].last_used_epoch = epoch
+            self._used_stale = False
+
     def shards(self) -> list[Shard]:
         with self._lock:
+            self._catch_up()
             return list(self._state.shards.values())
+
+    def columns(self) -> Columns:
+        """The resident shards as columns, in id order (a snapshot)."""
+        with self._lock:
+            return self._table.columns()
 
     def shard(self, shard_id: int) -> Shard | None:
         with self._lock:
+            self._catch_up()
             return self._state.shards.get(shard_id)
 
     def _count(self, s: Shard, sign: int) -> None:
@@ -227,19 +247,31 @@ class Catalog:
             return dict(self._state.files)
 
     def compact_manifest(self, epoch: int) -> bytes | None:
-        """The manifest with its shard table packed (samplecache.format.manifest): what the client fetches."""
+        """The manifest with its shard table packed (samplecache.format.manifest): what the client fetches. This
+        version stores it so; one sealed by an older version, with the list of rows, is packed once."""
+        return self._shaped(epoch, "packed", lambda m: compact(m) if "shards" in m else None)
+
+    def full_manifest(self, epoch: int) -> bytes | None:
+        """The manifest with its shard table as the list of rows (the wire's plain JSON form), if it is sealed."""
+        return self._shaped(epoch, "rows", lambda m: Manifest.from_json(m).to_json() if "shards" not in m else None)
+
+    def _shaped(self, epoch: int, form: str, reshape: Callable[[dict[str, Any]], dict[str, Any] | None]
+                ) -> bytes | None:
+        """``epoch``'s manifest in one form: as stored when ``reshape`` gives None, else its JSON (kept for the
+        next caller, as many as MANIFEST_CACHE per form)."""
         with self._lock:
-            got = self._compact.get(epoch)
+            got = self._forms.get((epoch, form))
         if got is not None:
             return got
         raw = self.manifest_bytes(epoch)
         if raw is None:
             return None
-        got = json.dumps(compact(json.loads(raw)), separators=(",", ":")).encode()
+        shaped = reshape(json.loads(raw))
+        got = raw if shaped is None else json.dumps(shaped, separators=(",", ":")).encode()
         with self._lock:
-            self._compact[epoch] = got
-            while len(self._compact) > MANIFEST_CACHE:
-                self._compact.pop(next(iter(self._compact)))
+            self._forms[(epoch, form)] = got
+            if len(self._forms) > 2 * MANIFEST_CACHE:
+                self._forms.pop(next(iter(self._forms)))
         return got
 
     def manifest_bytes(self, epoch: int) -> bytes | None:
@@ -267,6 +299,7 @@ class Catalog:
     def added_shard(self, s: Shard) -> None:
         with self._lock:
             self._state.shards[s.id] = s
+            self._table.add(s)
             self._state.keys.add(s.key)
             self._count(s, 1)
             self.shards_version += 1
@@ -277,6 +310,7 @@ class Catalog:
         with self._lock:
             s = self._state.shards.pop(shard_id, None)
             if s is not None:
+                self._table.remove(shard_id)
                 self.shards_version += 1
                 self._state.keys.discard(s.key)
                 self._count(s, -1)
@@ -284,8 +318,12 @@ class Catalog:
                 self.resident_rows -= s.rows
 
     def sealed(self, epoch: int, raw: bytes, summary: dict[str, Any] | None = None,
-               dropped: Sequence[int] = ()) -> None:
+               dropped: Sequence[int] = (), named: np.ndarray | None = None) -> None:
+        """``epoch`` was sealed as ``raw``, naming the shards ``named`` (now last used by it)."""
         with self._lock:
+            if named is not None and len(named):
+                self._table.used(named, epoch)
+                self._used_stale = True
             if epoch not in self._state.epochs:
                 self._state.epochs.append(epoch)
                 self._state.epochs.sort()
@@ -298,7 +336,8 @@ class Catalog:
                 self._summaries.pop(e, None)
                 self._manifest_sizes.pop(e, None)
                 self._manifests.pop(e, None)
-                self._compact.pop(e, None)
+                for form in ("packed", "rows"):
+                    self._forms.pop((e, form), None)
             self.manifest_total = sum(self._manifest_sizes.values())
         self._remember(epoch, raw)
 

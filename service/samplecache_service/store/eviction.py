@@ -40,46 +40,54 @@ class MakeRoom(Protocol):
     def __call__(self, incoming: int, source: str | None = None) -> EvictionPlan: ...
 
 
-Order = Callable[[Sequence[ShardLike], int], list[int]]
-
-
-def fifo_order(shards: Sequence[ShardLike], seed: int) -> list[int]:
+def _fifo(ids: np.ndarray, last_used: np.ndarray, seed: int) -> np.ndarray:
     """Oldest ingested first (shard ids grow with age)."""
-    return sorted(range(len(shards)), key=lambda i: shards[i].id)
+    return np.argsort(ids, kind="stable")
 
 
-def random_order(shards: Sequence[ShardLike], seed: int) -> list[int]:
+def _random(ids: np.ndarray, last_used: np.ndarray, seed: int) -> np.ndarray:
     """Uniformly random: what stays is a uniform sample of everything ingested so far."""
-    return [int(i) for i in np.random.default_rng([seed, len(shards)]).permutation(len(shards))]
+    return np.random.default_rng([seed, len(ids)]).permutation(len(ids))
 
 
-def lru_order(shards: Sequence[ShardLike], seed: int) -> list[int]:
+def _lru(ids: np.ndarray, last_used: np.ndarray, seed: int) -> np.ndarray:
     """Least recently used by an epoch first; never-used shards count as used at ingest; ties by age."""
-    return sorted(range(len(shards)), key=lambda i: (shards[i].last_used_epoch, shards[i].id))
+    return np.lexsort((ids, last_used))
 
 
-POLICIES: dict[str, Order] = {"fifo": fifo_order, "random": random_order, "lru": lru_order}
+Order = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
+POLICIES: dict[str, Order] = {"fifo": _fifo, "random": _random, "lru": _lru}
 assert sorted(POLICIES) == sorted(EVICTION_POLICIES), "every policy name the settings accept has an order"
+
+
+def evict_first(ids: np.ndarray, sizes: np.ndarray, last_used: np.ndarray, need: int, policy: str = "fifo",
+                seed: int = 0) -> tuple[np.ndarray, int]:
+    """The positions (into the columns given) of the shards ``policy`` evicts first until ``need`` bytes are
+    freed, in that order, and the bytes they free (less than ``need`` when all of them do not free it)."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown eviction policy {policy!r}; choose one of {sorted(POLICIES)}")
+    if need <= 0 or not len(ids):
+        return np.zeros(0, np.int64), 0
+    order = POLICIES[policy](ids, last_used, seed)
+    freed = np.cumsum(sizes[order])
+    k = min(int(np.searchsorted(freed, need, side="left")) + 1, len(order))
+    return order[:k], int(freed[k - 1])
 
 
 def plan_eviction(shards: Sequence[ShardLike], pinned: Iterable[int], budget: int, incoming: int,
                   policy: str = "fifo", seed: int = 0) -> EvictionPlan:
     if policy not in POLICIES:
         raise ValueError(f"unknown eviction policy {policy!r}; choose one of {sorted(POLICIES)}")
-    resident = sum(s.bytes for s in shards)
-    need = resident + incoming - budget
+    need = sum(s.bytes for s in shards) + incoming - budget
     if need <= 0:
         return EvictionPlan((), 0, True)
     pins = set(pinned)
     candidates = [s for s in shards if s.id not in pins]
-    evict: list[int] = []
-    freed = 0
-    for i in POLICIES[policy](candidates, seed):
-        if freed >= need:
-            break
-        evict.append(candidates[i].id)
-        freed += candidates[i].bytes
-    return EvictionPlan(tuple(evict), freed, freed >= need)
+    ids = np.fromiter((s.id for s in candidates), np.int64, len(candidates))
+    sizes = np.fromiter((s.bytes for s in candidates), np.int64, len(candidates))
+    used = np.fromiter((s.last_used_epoch for s in candidates), np.int64, len(candidates))
+    at, freed = evict_first(ids, sizes, used, need, policy, seed)
+    return EvictionPlan(tuple(ids[at].tolist()), freed, freed >= need)
 
 
 def plan_by_source(shards: Sequence[SourcedShard], pinned: Iterable[int], budget: int, shares: Mapping[str, float],

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import lmdb
+import numpy as np
 
 from samplecache.format.constants import MAX_READERS
+from samplecache.format.manifest import Manifest
 from samplecache.format.record import record_key, verify_block
 from samplecache_service.config.settings import DEFAULT_SOURCE
 from samplecache_service.files import SHARED_FILE_MODE, make_dir, set_mode
@@ -310,14 +312,15 @@ class Writer:
 
         return self.submit(op, after)
 
-    def seal(self, epoch: int, build: Callable[[], dict[str, Any]], keep_last: int = 0,
+    def seal(self, epoch: int, build: Callable[[], Manifest], keep_last: int = 0,
              pinned: Callable[[], set[int]] = set) -> "Future[bytes]":
-        """Seal ``epoch`` with the manifest ``build()`` makes on the writer thread (so no ingest interleaves).
+        """Seal ``epoch`` with the manifest ``build()`` makes on the writer thread (so no ingest interleaves),
+        stored with its shard table packed (what the client fetches, as it is).
 
         Its summary is written under its own key (a seal never rewrites the others). With ``keep_last`` > 0,
         older manifests beyond the last ``keep_last`` epochs are dropped unless ``pinned()`` names them."""
         summary: dict[str, Any] = {}
-        used: list[Shard] = []
+        named: list[np.ndarray] = []
         dropped: list[int] = []
 
         def op(txn: lmdb.Transaction) -> bytes:
@@ -325,16 +328,13 @@ class Writer:
             if existing is not None:
                 return bytes(existing)
             manifest = build()
-            raw = json.dumps(manifest, separators=(",", ":")).encode()
+            raw = json.dumps(manifest.to_json(packed=True), separators=(",", ":")).encode()
             txn.put(u64(epoch), raw, db=self.dbs[b"epochs"])
-            # each named shard is now last used by this epoch: in the mirror only (after the commit); a restart
-            # reads it back from the kept manifests (Catalog), so a seal never rewrites every shard's record
-            for entry in manifest["shards"]:
-                s = self.catalog.shard(entry[0])
-                if s is not None:
-                    used.append(s)
-            summary.update({k: manifest.get(k, 0) for k in ("samples", "new_samples", "bytes", "sealed_at",
-                                                              "remote_bytes")}, shards=len(manifest["shards"]))
+            # each named shard is now last used by this epoch: in the catalog only (after the commit); a restart
+            # reads it back from the kept manifests, so a seal never rewrites every shard's record
+            named.append(manifest.table()[:, 0])
+            summary.update({k: getattr(manifest, k) for k in ("samples", "new_samples", "bytes", "sealed_at",
+                                                               "remote_bytes")}, shards=len(named[0]))
             meta = self.dbs[b"meta"]
             txn.put(f"{SUMMARY_PREFIX}{epoch}".encode(), json.dumps(summary).encode(), db=meta)
             txn.delete(b"epoch_summaries", db=meta)  # the one-blob form of older versions
@@ -349,9 +349,8 @@ class Writer:
             return raw
 
         def after(raw: bytes) -> None:
-            for s in used:
-                s.last_used_epoch = epoch
-            self.catalog.sealed(epoch, raw, dict(summary) if summary else None, dropped)
+            self.catalog.sealed(epoch, raw, dict(summary) if summary else None, dropped,
+                                named[0] if named else None)
 
         return self.submit(op, after)
 

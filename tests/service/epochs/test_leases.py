@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from fake_clock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from samplecache_service.epochs.leases import Lease, LeaseTable
-from samplecache_service.epochs.manager import select_shards
+from samplecache_service.epochs.manager import select_shards as select_positions
 from samplecache_service.errors import Gone, Invalid, NotFound, ServiceError, TooMany
 from samplecache_service.store.catalog import Shard
 
@@ -281,6 +282,12 @@ def shard(sid: int, rows: int) -> Shard:
     return Shard(id=sid, key=f"c0-u{sid}", path=f"p{sid % 3}.parquet", row_group=sid, unit=sid, cycle=0, rows=rows,
                  bytes=rows * 100, rows_per_block=rows, blocks=1, created=0.0)
 
+
+
+def select_shards(shards: list[Shard], cap: int, seed: int, epoch: int) -> list[Shard]:
+    """The shards ``select_positions`` picks (it works on the rows column)."""
+    rows = np.array([s.rows for s in shards], np.int64)
+    return [shards[i] for i in select_positions(rows, cap, seed, epoch).tolist()]
 
 @st.composite
 def resident(draw: st.DrawFn) -> list[Shard]:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from samplecache_service.epochs.jobs import PIN_GRACE_S, JobTable
@@ -17,6 +18,7 @@ from samplecache_service.epochs.leasing import Leasing
 from samplecache_service.epochs.manager import UNREAD_GRANTS, EpochManager, EpochRules, build_manifest
 from samplecache_service.store.budget import Budget
 from samplecache_service.store.catalog import LEASE_PREFIX, Catalog
+from samplecache_service.store.shardtable import ShardTable
 from samplecache_service.store.writer import Writer, open_env
 
 
@@ -50,7 +52,8 @@ class Cache:
             return {k.decode(): json.loads(v) for k, v in txn.cursor(db=self.dbs[b"meta"])}
 
     def seal(self, epoch: int) -> None:
-        self.writer.seal(epoch, lambda: build_manifest(epoch, [], {}, "x", 1 << 26, 0, "s3://b/", set())).result()
+        self.writer.seal(epoch, lambda: build_manifest(epoch, ShardTable().columns(), {}, "x", 1 << 26, 0, "s3://b/",
+                                                       np.zeros(0, np.int64))).result()
 
 
 @pytest.fixture

@@ -39,9 +39,9 @@ async def get_epoch(epochs: EpochsDep, request: Request, epoch: Epoch,
     share of replacement (remote traffic) only when it carries the token (or the daemon runs ``--auth off``)."""
     # errors.ServiceError: see api.py
     raw = await epochs.manifest(epoch, min_samples, timeout, max_samples, grant=is_authorized(request))
-    if format == "compact":
-        compact: bytes | None = await asyncio.to_thread(epochs.compact_manifest, epoch)
-        raw = compact or raw
+    shaped: bytes | None = await asyncio.to_thread(
+        epochs.compact_manifest if format == "compact" else epochs.full_manifest, epoch)
+    raw = shaped or raw
     return Response(raw, media_type="application/json")
 
 
