@@ -126,7 +126,8 @@ class Daemon:
                            keep_last=settings.epochs_kept, headroom=settings.epoch_headroom, seed=settings.seed)
         self.epochs = EpochManager(self.catalog, self.writer, self.leases, self.jobs, self.budget,
                                    self._manifest_fields, rules,
-                                   on_new_epoch=lambda epoch: self.traffic.epoch_started(self.budget.max_bytes),
+                                   on_new_epoch=lambda epoch: self.traffic.epoch_started(
+                                       {n: s.share.max_bytes for n, s in list(self.sources.items())}),
                                    not_ready=self._not_discovered, shares=self.epoch_shares)
         self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
         # the samplers' results go to their source's scheduler, built next (the supervisor starts in start())

@@ -137,6 +137,8 @@ class SourceStatus(BaseModel):
     remote_bytes: int = Field(description="Bytes its listings and footers read from the remote")
     remote_errors: int
     last_error: str | None
+    allowance_bytes: int = Field(0, description="Bytes it may still replace this epoch once its share is full "
+                                 "(pacing=epoch: replace_per_epoch x its share per epoch)")
     quarantined: int = Field(description="Its quarantined files")
     skipped_columns: dict[str, str] = Field(default_factory=dict)
     ready: bool = Field(description="Whether a new epoch names its shards")

@@ -87,6 +87,7 @@ def sources_of(d: "Daemon") -> list[SourceStatus]:
             reason=redact(s.paused_reason) if s.paused_reason else None, problem=redact(src.problem() or "") or None,
             coverage=s.coverage(), remote_bytes=src.remote.bytes_read if src.remote is not None else 0,
             remote_errors=s.remote_errors, last_error=redact(s.last_error) if s.last_error else None,
-            quarantined=quarantined, skipped_columns=src.discovery.skipped if src.discovery else {},
+            allowance_bytes=int(d.traffic.pacer.allowances.get(name, 0.0)), quarantined=quarantined,
+            skipped_columns=src.discovery.skipped if src.discovery else {},
             ready=src.ready()))
     return out

@@ -313,7 +313,7 @@ class Scheduler:
         # the unit's identity in the key: after a cursor reset the same cycle and position may name another unit
         ident = zlib.crc32(f"{pick.unit.path}\0{pick.unit.row_group}".encode())
         key = f"{self.key_prefix}c{pick.cycle}-u{pick.position}-{ident:08x}"
-        self.paused_reason = self.traffic.admit(key, size, committed, self.budget.max_bytes)
+        self.paused_reason = self.traffic.admit(key, size, committed, self.budget.max_bytes, self.name)
         if self.paused_reason is not None:
             return False
         schema = self.schema()

@@ -4,8 +4,9 @@ fetched, in total and per epoch. The pacer (``pacing.py``) decides; this keeps t
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, Mapping
 
+from samplecache_service.config.settings import DEFAULT_SOURCE
 from samplecache_service.sampling.pacing import Pacer
 from samplecache_service.sampling.sampler import SampleResult
 
@@ -17,7 +18,8 @@ class Traffic:
         self._units = 0  # fetched by the samplers
         self._needed = 0  # column-chunk bytes the units that came back needed
         self._at_seal = 0  # the total when the latest epoch was sealed
-        self._out: dict[str, tuple[int, int, bool]] = {}  # task -> (remote estimate, cached estimate, rolling)
+        # task -> (remote estimate, cached estimate, rolling, source)
+        self._out: dict[str, tuple[int, int, bool, str]] = {}
         self._lock = threading.Lock()
 
     def total(self) -> int:
@@ -48,28 +50,31 @@ class Traffic:
         """Cached bytes expected from the units out at the samplers (``mine``: only those of the task keys it
         says are one source's)."""
         with self._lock:
-            return sum(cached for key, (_, cached, _) in self._out.items() if mine is None or mine(key))
+            return sum(out[1] for key, out in self._out.items() if mine is None or mine(key))
 
-    def admit(self, key: str, cached: int, committed: int, max_bytes: int) -> str | None:
-        """Send unit ``key`` (``cached``: its footer's size) if the pace allows; else why not. ``committed``:
-        the bytes resident or on their way to the cache."""
+    def admit(self, key: str, cached: int, committed: int, max_bytes: int,
+              source: str = DEFAULT_SOURCE) -> str | None:
+        """Send unit ``key`` of ``source`` (``cached``: its footer's size) if the pace allows; else why not.
+        ``committed``: the source's bytes resident or on their way to the cache; ``max_bytes``: its share."""
         remote = self.pacer.estimate(cached)
         rolling = committed + max(cached, 1) > max_bytes  # it needs an eviction: it replaces old samples
-        reason = self.pacer.why_wait(remote, cached, rolling, max_bytes)
+        reason = self.pacer.why_wait(remote, cached, rolling, max_bytes, source)
         if reason is None:
-            self.pacer.charge(remote, cached, rolling)
+            self.pacer.charge(remote, cached, rolling, source)
             with self._lock:
-                self._out[key] = (remote, cached, rolling)
+                self._out[key] = (remote, cached, rolling, source)
         return reason
 
     def returned(self, r: SampleResult) -> None:
         """A unit came back (staged or failed): settle its estimates with what it really fetched and holds."""
         with self._lock:
-            remote, cached, rolling = self._out.pop(r.task.key, (0, 0, False))
+            remote, cached, rolling, source = self._out.pop(r.task.key, (0, 0, False, DEFAULT_SOURCE))
             self._units += r.remote_bytes
             self._needed += r.needed_bytes
-        self.pacer.settle((remote, r.remote_bytes), (cached, r.bytes if r.ok else 0), rolling)
+        self.pacer.settle((remote, r.remote_bytes), (cached, r.bytes if r.ok else 0), rolling, source)
 
-    def epoch_started(self, max_bytes: int) -> None:
-        """A new epoch (sealed, or a job's next epoch on the latest one): one more share of replacement."""
-        self.pacer.epoch_sealed(max_bytes)
+    def epoch_started(self, shares: Mapping[str, int]) -> None:
+        """A new epoch (sealed, or a job's next epoch on the latest one): one more share of replacement for
+        each source (name -> its share of the budget, in bytes)."""
+        for source, max_bytes in shares.items():
+            self.pacer.epoch_sealed(max_bytes, source)

@@ -115,3 +115,20 @@ def test_configure_changes_the_pace_at_runtime() -> None:
     assert (p.mode, p.replace_per_epoch, p.max_rate) == ("epoch", 0.5, MB)
     p.configure()  # nothing given: nothing changes
     assert (p.mode, p.replace_per_epoch, p.max_rate) == ("epoch", 0.5, MB)
+
+
+def test_each_source_replaces_its_own_share_of_the_epoch() -> None:
+    """Two sources of 70 and 30 MB of a 100 MB budget, replace_per_epoch 0.2: web may replace 14 MB per epoch
+    and code 6 MB; web spending all of its share leaves code's whole."""
+    p = Pacer("epoch", 0.2, 0)
+    for name, share in (("web", 70 * MB), ("code", 30 * MB)):
+        p.epoch_sealed(share, name)
+    assert p.allowance == pytest.approx(20 * MB)
+    while p.why_wait(MB, MB, rolling=True, max_bytes=70 * MB, source="web") is None:
+        p.charge(MB, MB, rolling=True, source="web")
+    assert p.allowances["web"] == pytest.approx(0) and "this epoch's share is used" in (p.reason or "")
+    assert p.why_wait(MB, 5 * MB, rolling=True, max_bytes=30 * MB, source="code") is None
+    p.charge(MB, 5 * MB, rolling=True, source="code")
+    assert p.why_wait(MB, 2 * MB, rolling=True, max_bytes=30 * MB, source="code") is not None  # 1 MB left of 6
+    p.settle((MB, MB), (5 * MB, 0), rolling=True, source="code")  # the unit failed: code's charge comes back
+    assert p.allowances == {"web": pytest.approx(0), "code": pytest.approx(6 * MB)}

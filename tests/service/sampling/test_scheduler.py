@@ -416,7 +416,8 @@ def test_full_cache_waits_for_an_epoch_share_before_replacing(tmp_path: Path) ->
     assert rig.sched.paused_reason is not None and rig.sched.paused_reason.startswith("cache full: replacing")
     rig.turn()
     assert rig.samplers.submitted == []
-    rig.traffic.epoch_started(rig.budget.max_bytes)  # one share: 262144 bytes, room for two 100000-byte units
+    # one share: 262144 bytes, room for two 100000-byte units
+    rig.traffic.epoch_started({"default": rig.budget.max_bytes})
     rig.turn()
     assert len(rig.samplers.submitted) == 2
     assert str(rig.sched.paused_reason).startswith("cache full: replacing")

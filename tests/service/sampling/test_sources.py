@@ -88,6 +88,26 @@ def test_each_source_fills_its_share_and_no_more(run: Callable[..., Daemon], dat
         assert f"/data/{s.source}/" in s.path, (s.source, s.path)
 
 
+def test_each_source_is_paced_within_its_own_share(run: Callable[..., Daemon], data: dict[str, Path]) -> None:
+    """pacing=epoch: once web's share is full it waits for an epoch; an epoch grants each source
+    replace_per_epoch x its own share, and web's turnover never spends code's."""
+    budget = 2_400_000
+    d = run(sources={n: {"url": f"file://{data[n]}/"} for n in ("web", "code")}, share={"web": 0.5},
+            max_bytes=budget, pacing="epoch", replace_per_epoch=0.25)
+    _until(lambda: d.sources["web"].scheduler.paused_reason is not None
+           and "cache full" in d.sources["web"].scheduler.paused_reason
+           and d.catalog.resident("code").rows == 2000, 60, "web full and waiting, code cached whole")
+    assert d.traffic.pacer.allowances.get("code", 0.0) == 0.0
+    asyncio.run(d.epochs.manifest(0))
+    assert d.epochs.grant(0)
+    pacer = d.traffic.pacer
+    assert pacer.allowances["code"] == pytest.approx(0.25 * 0.5 * budget)  # code fits: nothing to replace
+    _until(lambda: pacer.allowances["web"] < 0.25 * 0.5 * budget and "cache full" in (
+        d.sources["web"].scheduler.paused_reason or ""), 60, "web to spend its share and wait again")
+    assert pacer.allowances["code"] == pytest.approx(0.25 * 0.5 * budget), "web spent code's share"
+    assert d.catalog.resident("web").bytes <= 0.5 * budget
+
+
 def test_the_manifest_names_each_shards_source_and_schema(run: Callable[..., Daemon], data: dict[str, Path]) -> None:
     d = run(sources={n: {"url": f"file://{p}/"} for n, p in data.items()})
     _until(lambda: sum(d.catalog.resident(n).rows for n in data) == 14400, 60, "the sources to be cached")
