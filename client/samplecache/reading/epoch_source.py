@@ -312,16 +312,23 @@ class EpochSource:
         return got
 
     def record_mixture(self, epoch: int, record: dict[str, Any]) -> None:
-        """Tell the daemon the mixture job epoch ``epoch`` reads (once per process and epoch; a daemon that
-        cannot take it is logged, never an error: the record is for people)."""
+        """Tell the daemon the mixture job epoch ``epoch`` reads (once per process and epoch), in a thread: the
+        epoch's first batch does not wait for it. A daemon that cannot take it is logged, never an error: the
+        record is for people."""
         with self._lock:
             if epoch in self._recorded:
                 return
             self._recorded = {e for e in self._recorded if e > epoch - 16} | {epoch}  # a long run: recent ones
-        try:
-            self.attach().record_mixture(epoch, record)
-        except DaemonError as e:
-            log.warning("could not record job %s epoch %d's mixture on the daemon: %s", self.job_name, epoch, e)
+        job = self.attach()
+
+        def send() -> None:
+            try:
+                job.record_mixture(epoch, record)
+            except DaemonError as e:
+                log.warning("could not record job %s epoch %d's mixture on the daemon: %s", self.job_name, epoch, e)
+        t = threading.Thread(target=send, name=f"samplecache-mixture-{self.job_name}-{epoch}", daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        t.start()
 
     def done(self, keeper: LeaseKeeper | None) -> None:
         """The epoch was read (or reading stopped): release its lease, waiting at most ``END_WAIT`` for the
