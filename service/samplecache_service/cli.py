@@ -32,7 +32,7 @@ def _setting_flags(p: argparse.ArgumentParser) -> None:
                         f"SAMPLECACHE_* environment win over it")
     for name, field in Settings.model_fields.items():
         kw: dict[str, Any] = {"dest": name, "default": None, "help": field.description}
-        if name == "storage_options":
+        if name in ("storage_options", "iceberg_catalogs"):
             kw["metavar"] = "JSON"
         if name in ("source", "share"):  # --source URL, or --source NAME=URL many times; --share NAME=F many times
             kw["action"] = "append"

@@ -215,7 +215,7 @@ class Daemon:
         scheduler = Scheduler(s, self.catalog, self.writer, self.disk, self.traffic, self.supervisor, share, discovery,
                               pinned_epochs=self.epochs.pinned_epochs, make_room=self.make_room,
                               expire_leases=self.leasing.expire, die=self.health.die, source_shown=shown, name=name,
-                              url=url, owns=owner(remote) if several else None, slots=self._slots)
+                              url=remote.data_url, owns=owner(remote) if several else None, slots=self._slots)
         return Source(name, shown, share, remote, discovery, scheduler)
 
     def _start_source(self, source: Source) -> None:
@@ -273,7 +273,7 @@ class Daemon:
 
     def _remote(self, url: str) -> FsspecRemote:
         s = self.settings
-        return FsspecRemote(url, s.storage_options, s.table_version, s.table_as_of)
+        return FsspecRemote(url, s.storage_options, s.table_version, s.table_as_of, s.iceberg_catalogs)
 
     def _close(self) -> None:
         """Undo the opening of the cache (a start that fails after it)."""

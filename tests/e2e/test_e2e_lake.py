@@ -165,6 +165,40 @@ def test_iceberg_table_serves_its_live_rows_as_it_changes(daemon: Any, s3: Any, 
     assert status()["table"]["removed_files"] >= 1
 
 
+def test_an_iceberg_table_named_through_its_catalog_serves_its_live_rows(
+        daemon: Any, s3: Any, prefix: str, tmp_path: Path, get: Callable[..., Any], until: Callable[..., Any]) -> None:
+    """``iceberg://test/ns.events`` with the SQL catalog (sqlite) in the config file's [iceberg_catalogs.test]: the
+    catalog says where the table lies and which snapshot is current; the S3 endpoint and credentials come from the
+    daemon's environment, as the samplers' do."""
+    pytest.importorskip("pyiceberg")
+    warehouse = f"s3://{prefix}/warehouse"
+    catalog = iceberg_catalog(tmp_path, warehouse, iceberg_s3_properties(s3))
+    table = catalog.create_table("ns.events", schema=delta_rows(0, 1, ["en"]).schema)
+    table.append(delta_rows(0, 60, ["en", "de"]))
+    table.overwrite(delta_rows(60, 40, ["fr"]))
+    config = tmp_path / "samplecache.toml"
+    config.write_text(f'[iceberg_catalogs.test]\ntype = "sql"\nuri = "sqlite:///{tmp_path / "iceberg-catalog.db"}"\n'
+                      f'warehouse = "{warehouse}"\n')
+    config.chmod(0o600)
+    d = daemon(source="iceberg://test/ns.events", extra=["--config", str(config), "--discover-interval", "1"])
+
+    def matches(rows: int, where: str) -> None:
+        table.refresh()
+        snapshot = table.current_snapshot().snapshot_id
+        until(lambda: ((st := get(d.url + "/v1/status").json())["table"] or {}).get("version") == snapshot
+              and st["samples"] == rows, 60, f"snapshot {snapshot} and {rows} resident samples")
+        want = table.scan().to_arrow()
+        assert want.num_rows == rows
+        compare_table(by_id(read_epoch(d.url, rows)), want, where)
+
+    status = get(d.url + "/v1/status").json()
+    assert status["table"]["format"] == "iceberg" and status["source"] == "iceberg://test/ns.events", status["table"]
+    assert status["settings"]["iceberg_catalogs"] == {"test": ["type", "uri", "warehouse"]}  # names, never values
+    matches(40, "after the overwrite")
+    table.append(delta_rows(100, 25, ["it"]))
+    matches(65, "after an append")
+
+
 def send(url: str, method: str, token: str, body: Any = None) -> Any:
     req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), method=method,
                                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})

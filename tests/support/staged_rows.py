@@ -26,7 +26,8 @@ def served(disc: Discovery, catalog: Catalog, tmp_path: Path) -> list[dict[str, 
         info = files[unit.path]
         if info.removed or info.quarantined:
             continue
-        r = run_task(SampleTask(key=f"t{n}", source=disc.remote.url, storage_options={}, path=unit.path,
+        source = getattr(disc.remote, "data_url", disc.remote.url)  # a catalog's table: where its files lie
+        r = run_task(SampleTask(key=f"t{n}", source=source, storage_options={}, path=unit.path,
                                 row_group=unit.row_group, schema=disc.schema.to_json(), staging_dir=str(staging),
                                 block_bytes=1 << 20, arrow_schema=disc.target_text(), file_size=info.size or 0,
                                 footer_bytes=info.footer or 0, partitions=dict(info.partitions)))

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from samplecache_service.config.redact import masked_options, redact
+from samplecache_service.config.redact import HIDDEN, masked_options, redact
 from samplecache_service.config.settings import Settings
 
 if sys.version_info >= (3, 11):
@@ -28,10 +28,11 @@ else:  # pragma: no cover - the tomli backport has the same interface
 
 DEFAULT_CONFIG = Path("/etc/samplecache/samplecache.toml")
 CONFIG_ENV = "SAMPLECACHE_CONFIG"
-SECRETS = ("token", "storage_options")
+SECRETS = ("token", "storage_options", "iceberg_catalogs")
 # a secret given as a flag is in /proc/PID/cmdline, which every local user can read (ps): where to keep it instead
 SAFER = {"token": "--token-file FILE or SAMPLECACHE_TOKEN",
-         "storage_options": "--storage-options-file FILE or SAMPLECACHE_STORAGE_OPTIONS"}
+         "storage_options": "--storage-options-file FILE or SAMPLECACHE_STORAGE_OPTIONS",
+         "iceberg_catalogs": "[iceberg_catalogs.NAME] in the config file or SAMPLECACHE_ICEBERG_CATALOGS"}
 
 
 class ConfigError(Exception):
@@ -204,11 +205,17 @@ def table_traps(config: ConfigFile) -> list[str]:
             f"the first [table] of the file" for key in options if key in Settings.model_fields]
 
 
+CATALOG_SHOWN = frozenset({"type", "uri", "warehouse"})
+
+
 def shown(settings: Settings) -> dict[str, Any]:
     """Settings for people: secrets masked (the token, secret storage options, credentials in the source)."""
     d = settings.model_dump(mode="json")
     d["token"] = "<set>" if settings.token else None
     d["storage_options"] = masked_options(settings.storage_options)
+    # a catalog's type, URI and warehouse are shown (credentials in a URI masked); any other property is hidden
+    d["iceberg_catalogs"] = {n: {k: redact(str(v)) if k in CATALOG_SHOWN else HIDDEN for k, v in props.items()}
+                             for n, props in settings.iceberg_catalogs.items()}
     if settings.source:
         d["source"] = redact(settings.source)
     return d

@@ -226,6 +226,10 @@ class Settings(BaseSettings):
     table_as_of: datetime | None = Field(None, description="A table source served as it was at this time (ISO 8601, "
                                          "e.g. 2024-05-01T00:00:00Z): the version a Delta table had then, or an "
                                          "Iceberg table's snapshot then; not with table_version (refused)")
+    iceberg_catalogs: Annotated[dict[str, dict[str, Any]], NoDecode] = Field(
+        default_factory=dict, description="Iceberg catalogs a source may name as iceberg://CATALOG/NS.TABLE: name -> "
+        "pyiceberg catalog properties (type = \"rest\" | \"sql\" | \"glue\" ..., uri, warehouse, credentials); "
+        "a [iceberg_catalogs.NAME] table in the config file, or JSON in SAMPLECACHE_ICEBERG_CATALOGS")
     epoch_wait_max: float = Field(600.0, gt=0, le=DAY, description="Longest wait (s) a manifest request may ask "
                                   "for with min_samples")
     epochs_kept: int = Field(64, ge=1, le=1_000_000, description="Sealed epoch manifests kept besides those "
@@ -372,7 +376,7 @@ class Settings(BaseSettings):
             raise ValueError("needs a time zone (e.g. 2024-05-01T00:00:00Z)")
         return v
 
-    @field_validator("storage_options", mode="before")
+    @field_validator("storage_options", "iceberg_catalogs", mode="before")
     @classmethod
     def _json(cls, v: Any) -> Any:
         if isinstance(v, (str, bytes)):
@@ -409,6 +413,8 @@ class Settings(BaseSettings):
         d = self.model_dump(mode="json")
         d["token"] = "set" if self.token else None
         d["storage_options"] = sorted(self.storage_options)
+        # a catalog's properties may hold credentials: only their names are shown
+        d["iceberg_catalogs"] = {n: sorted(props) for n, props in self.iceberg_catalogs.items()}
         from samplecache_service.config.redact import redact
         if self.source:
             d["source"] = redact(self.source)

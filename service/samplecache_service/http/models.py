@@ -324,9 +324,10 @@ class SamplerControl(BaseModel):
     state: str
 
 
-# the stores a PATCH may name as a source: remote ones only (file://, zip://, memory:// stay in the config file)
-REMOTE_PROTOCOLS = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "hf", "oss", "webhdfs",
-                    "hdfs", "sftp", "ftp")
+# the stores a PATCH may name as a source: remote ones only (file://, zip://, memory:// stay in the config file); an
+# iceberg:// table is one of the catalogs the config file defines, where the catalog says it lies
+REMOTE_PROTOCOLS = ("iceberg", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "hf", "oss",
+                    "webhdfs", "hdfs", "sftp", "ftp")
 REMOTE_URL = re.compile(rf"^({'|'.join(REMOTE_PROTOCOLS)})://[^\s]+$")
 SOURCE_NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
 

@@ -1,10 +1,16 @@
 """Iceberg tables: the live data files of a table's current snapshot, as its newest ``metadata/*.metadata.json``
 says, planned by pyiceberg. Files an overwrite or delete replaced stay on storage until snapshots expire: only the
 metadata says which are live. The newest metadata file is looked for again at each listing.
+
+A table can also be named through a catalog (REST, SQL, Glue, ... through pyiceberg): ``iceberg://CATALOG/NS.TABLE``
+with the catalog's properties in the ``iceberg_catalogs`` setting. The catalog says where the table lies (what the
+samplers read) and, at each listing, which metadata is current.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 import time
 from datetime import datetime
@@ -14,6 +20,7 @@ from samplecache_service.remote.livetable import LiveTable
 from samplecache_service.remote.stores import FsspecRemote, RemoteError, TableRefused
 
 METADATA_DIR = "metadata"
+CATALOG_SCHEME = "iceberg://"
 # 00003-<uuid>.metadata.json (a catalog's tables) or v3.metadata.json (a Hadoop table): the number orders them
 _VERSION = re.compile(r"^(?:v)?(\d+)(?:-[^/]*)?\.metadata\.json$")
 
@@ -43,15 +50,65 @@ def iceberg_properties(storage_options: Mapping[str, Any], endpoint: str | None)
     return out
 
 
+def catalog_name(url: str) -> tuple[str, str]:
+    """(catalog, table identifier) of an ``iceberg://CATALOG/NAMESPACE.TABLE`` URL (ValueError when malformed)."""
+    catalog, _, ident = url[len(CATALOG_SCHEME):].partition("/")
+    ident = ident.strip("/")
+    if not catalog or "." not in ident or ident.startswith(".") or ident.endswith("."):
+        raise ValueError(f"an Iceberg catalog source is iceberg://CATALOG/NAMESPACE.TABLE, not {url!r}")
+    return catalog, ident
+
+
+class CatalogTable:
+    """An Iceberg table a catalog names: loaded again at each listing (its current metadata is the catalog's)."""
+
+    def __init__(self, url: str, catalogs: Mapping[str, Mapping[str, Any]], defaults: Mapping[str, str]) -> None:
+        """``catalogs``: name -> pyiceberg catalog properties (the ``iceberg_catalogs`` setting); ``defaults``:
+        FileIO properties the catalog's own override (the source's S3 endpoint and credentials)."""
+        self.url = url
+        self.catalog, self.ident = catalog_name(url)
+        if self.catalog not in catalogs:
+            raise RemoteError(f"source {url!r} names Iceberg catalog {self.catalog!r}, which the iceberg_catalogs "
+                              f"setting does not define (it defines {sorted(catalogs) or 'none'})")
+        self.properties = {**defaults, **{k: str(v) for k, v in catalogs[self.catalog].items()}}
+
+    def load(self) -> Any:
+        from pyiceberg.catalog import load_catalog
+
+        try:
+            return load_catalog(self.catalog, **self.properties).load_table(self.ident)
+        except Exception as e:  # an unreachable catalog, no such table, bad credentials: all a remote error
+            raise RemoteError(f"cannot load {self.ident!r} from Iceberg catalog {self.catalog!r}: "
+                              f"{type(e).__name__}: {e}") from e
+
+
+def catalog_table(url: str, catalogs: Mapping[str, Mapping[str, Any]],
+                  storage_options: Mapping[str, Any]) -> tuple[CatalogTable, str]:
+    """The table an ``iceberg://`` URL names, and the URL of its location (where its files lie). The source's
+    credentials and the environment's S3 endpoint are the catalog's FileIO defaults: it reads the S3 the samplers
+    read unless its own properties say otherwise."""
+    if importlib.util.find_spec("pyiceberg") is None:
+        raise RemoteError(f"source {url!r} is an Iceberg table in a catalog, and the pyiceberg package that reads it "
+                          f"is not installed: pip install 'samplecache[iceberg]'  (adds pyiceberg)")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or \
+        (storage_options.get("client_kwargs") or {}).get("endpoint_url") or storage_options.get("endpoint_url")
+    table = CatalogTable(url, catalogs, iceberg_properties(storage_options, endpoint))
+    location = str(table.load().location())
+    return table, location if "://" in location else f"file://{location}"
+
+
 class IcebergMetadata(LiveTable):
     """An Iceberg table read from its newest metadata file (or a pinned snapshot id; its version is the snapshot
     id). Identity partition columns are in the files themselves: no partition schema."""
 
     format = "iceberg"
 
-    def __init__(self, remote: FsspecRemote, snapshot: int | None = None, as_of: datetime | None = None) -> None:
+    def __init__(self, remote: FsspecRemote, snapshot: int | None = None, as_of: datetime | None = None,
+                 catalog: CatalogTable | None = None) -> None:
+        """``catalog``: the table is the one a catalog names (else the newest metadata file under the root)."""
         super().__init__(remote, snapshot, as_of)
         self.properties = iceberg_properties(remote.storage_options, self.endpoint)
+        self.catalog = catalog
 
     def _uri(self, path: str) -> str:
         return f"file://{path}" if self.scheme in ("file", "local") else f"{self.scheme}://{path}"
@@ -59,6 +116,8 @@ class IcebergMetadata(LiveTable):
     def _table(self, remote: FsspecRemote) -> Any:
         from pyiceberg.table import StaticTable
 
+        if self.catalog is not None:
+            return self.catalog.load()
         try:
             found = metadata_files(remote)
             if not found:

@@ -119,7 +119,10 @@ class FsspecRemote:
     """A prefix, directory or glob of Parquet files behind an fsspec URL."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None,
-                 table_version: int | None = None, table_as_of: datetime | None = None) -> None:
+                 table_version: int | None = None, table_as_of: datetime | None = None,
+                 catalogs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """``catalogs``: the Iceberg catalogs an ``iceberg://CATALOG/NS.TABLE`` URL may name (name -> pyiceberg
+        properties); such a source's files are where the catalog says the table lies (``data_url``)."""
         self.url = url
         self.storage_options = dict(storage_options or {})
         # a table source's pinned version, or the one it had at a time (neither: follow the newest)
@@ -127,10 +130,22 @@ class FsspecRemote:
         # the table at the root (remote.tables), found by the first listing; None: a folder of Parquet files
         self.table: Any = None
         self._looked_for_table = False
+        catalog = None
+        self.data_url = url  # the fsspec URL of its files: what the samplers open
         try:
-            self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+            if url.startswith("iceberg://"):
+                # here, not in the module's imports: remote.iceberg builds on this module
+                from samplecache_service.remote.iceberg import catalog_table
+
+                catalog, self.data_url = catalog_table(url, catalogs or {}, self.storage_options)
+            self.fs, self.root = fsspec.core.url_to_fs(self.data_url, **dict(storage_options or {}))
         except (ValueError, ImportError, TypeError) as e:
             raise RemoteError(f"cannot use source {url!r}: {e}") from e
+        if catalog is not None:
+            from samplecache_service.remote.iceberg import IcebergMetadata
+
+            self.table = IcebergMetadata(self, table_version, table_as_of, catalog)
+            self._looked_for_table = True
         self.bytes_read = 0  # bytes fetched from the remote by this object (footers and row groups)
         self._footers: collections.OrderedDict[tuple[str, int], pq.FileMetaData] = collections.OrderedDict()
         self._count_lock = threading.Lock()

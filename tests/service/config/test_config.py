@@ -102,10 +102,13 @@ def test_config_command_prints_every_setting_its_source_and_masks_secrets(tmp_pa
     f = tmp_path / "c.toml"
     f.write_text('source = "https://user:hunter2@example.com/data/"\ntoken = "sekrit-token"\n'
                  '[storage_options]\nkey = "AKIAXYZ"\nsecret = "s3cr3t"\n')
-    r = _cli(["config", "--config", str(f), "--port", "9000"], tmp_path, env={"SAMPLECACHE_SEED": "4"})
+    catalogs = '{"lake": {"type": "rest", "uri": "https://u:pw9@cat.example.com", "credential": "c1ient:s3cret"}}'
+    r = _cli(["config", "--config", str(f), "--port", "9000"], tmp_path,
+             env={"SAMPLECACHE_SEED": "4", "SAMPLECACHE_ICEBERG_CATALOGS": catalogs})
     assert r.returncode == 0, r.stderr
-    for secret in ("hunter2", "sekrit-token", "AKIAXYZ", "s3cr3t"):
+    for secret in ("hunter2", "sekrit-token", "AKIAXYZ", "s3cr3t", "pw9", "c1ient"):
         assert secret not in r.stdout
+    assert '"type": "rest"' in r.stdout and "cat.example.com" in r.stdout  # what is no secret is shown
     rows = {line.split()[0]: line for line in r.stdout.splitlines() if not line.startswith("#")}
     assert set(rows) == set(FIELDS) - {"storage_options"} | {"storage_options.key", "storage_options.secret"}
     assert rows["port"].rstrip().endswith("flag --port") and "9000" in rows["port"]

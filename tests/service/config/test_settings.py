@@ -211,6 +211,7 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         "TABLE_AS_OF": "2024-05-01T12:00:00+02:00",
         "SOURCES": "web=s3://bucket/web/,code=s3://bucket/code/",
         "SHARE": "web=0.5,code=0.25",
+        "ICEBERG_CATALOGS": '{"lake": {"type": "rest", "uri": "https://catalog.example.com", "token": "t0k"}}',
     }
     (tmp_path / "options.json").write_text('{"key": "AKIA", "anon": false}')
     for k, v in env.items():
@@ -238,6 +239,8 @@ def test_env_vars_are_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert s.table_as_of is not None and s.table_as_of.isoformat() == "2024-05-01T12:00:00+02:00"
     assert (s.auth, s.token_file, int(s.max_body_bytes)) == ("token", tmp_path / "token", 64 * 1024)
     assert (s.max_leases, s.max_leases_per_job) == (100, 10)
+    assert s.iceberg_catalogs == {"lake": {"type": "rest", "uri": "https://catalog.example.com", "token": "t0k"}}
+    assert s.public()["iceberg_catalogs"] == {"lake": ["token", "type", "uri"]}  # the token never shown
     # the bare source is "default", with what the named ones leave
     assert s.named_sources() == {"default": ("s3://bucket/prefix/", 0.25), "web": ("s3://bucket/web/", 0.5),
                                  "code": ("s3://bucket/code/", 0.25)}
@@ -412,7 +415,7 @@ def test_every_setting_is_a_serve_flag(name: str, serve_help: str, tmp_path: Pat
              "max_body_bytes": "2MiB", "log_format": "json", "max_leases": "99", "max_leases_per_job": "9",
              "table_version": "3", "filter": "lang = 'en'", "table_as_of": "2024-05-01T00:00:00Z",
              "storage_options_file": str(tmp_path / "options.json"), "sources": "web=s3://x/",
-             "share": "web=0.5"}.get(name)
+             "share": "web=0.5", "iceberg_catalogs": '{"lake": {"type": "sql"}}'}.get(name)
     if value is None:
         pytest.fail(f"new setting {name!r}: add a sample value to this test")
     named = ["--source", "web=s3://w/"] if name == "share" else []  # a share names a source

@@ -154,3 +154,39 @@ def test_the_snapshot_a_table_had_at_a_time_is_served(tmp_path: Path, cache: tup
                       catalog, writer, None)
     with pytest.raises(RemoteError, match="no snapshot as of 2000-01-01"):
         early.run()
+
+
+def catalog_props(tmp_path: Path) -> dict[str, dict[str, str]]:
+    """What ``[iceberg_catalogs.test]`` holds for the table of ``partitioned_table`` (its catalog is named test)."""
+    return {"test": {"type": "sql", "uri": f"sqlite:///{tmp_path / 'iceberg-catalog.db'}",
+                     "warehouse": f"file://{tmp_path / 'warehouse'}"}}
+
+
+def test_a_table_named_through_its_catalog_is_read_where_the_catalog_says(
+        tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    catalog, writer = cache
+    table = partitioned_table(tmp_path)
+    table.append(rows(0, 40, ["en", "de"]))
+    table.overwrite(rows(100, 15, ["fr"]))
+    remote = FsspecRemote("iceberg://test/ns.t", catalogs=catalog_props(tmp_path))
+    assert remote.url == "iceberg://test/ns.t" and remote.data_url == table.location()  # what the samplers open
+    disc = Discovery(remote, catalog, writer, None)
+    disc.run()
+    assert served(disc, catalog, tmp_path) == truth(table)
+    table.append(rows(200, 5, ["it"]))  # the catalog's new snapshot, seen by the next listing
+    disc.run()
+    info = disc.table_info()
+    assert info is not None and info["rows"] == 20 and info["version"] == table.current_snapshot().snapshot_id
+
+
+@pytest.mark.parametrize("url,catalogs,message", [
+    ("iceberg://other/ns.t", None, r"names Iceberg catalog 'other', which the iceberg_catalogs setting does not "
+                                   r"define \(it defines \['test'\]\)"),
+    ("iceberg://test/t", None, r"iceberg://CATALOG/NAMESPACE.TABLE, not 'iceberg://test/t'"),
+    ("iceberg://test/ns.missing", None, r"cannot load 'ns.missing' from Iceberg catalog 'test': NoSuchTableError"),
+])
+def test_a_catalog_source_that_cannot_be_loaded_says_why(tmp_path: Path, url: str, catalogs: Any,
+                                                          message: str) -> None:
+    partitioned_table(tmp_path)
+    with pytest.raises(RemoteError, match=message):
+        FsspecRemote(url, catalogs=catalogs or catalog_props(tmp_path))
