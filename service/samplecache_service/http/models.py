@@ -174,12 +174,14 @@ class Status(BaseModel):
     pinned_epochs: list[int]
     lmdb: dict[str, int] = Field(description="LMDB file size on disk, pages in use, map size")
     quarantined: list[Quarantined]
-    skipped_columns: dict[str, str] = Field(default_factory=dict, description="Source columns left out, and why")
+    skipped_columns: dict[str, str] = Field(default_factory=dict, description="Source columns left out, and why "
+                                            "(the first source's; sources has each)")
     files: FilesListed | None = Field(None, description="What the last listing of the source found: Parquet files "
                                       "and the other files skipped (null before the first listing)")
     table: TableStatus | None = Field(None, description="The source's table (a Delta Lake table), as the last "
                                       "listing read it; null for a folder of Parquet files")
-    coverage: dict[str, Any] | None
+    coverage: dict[str, Any] | None = Field(description="How much of the source this pass sampled (the first "
+                                            "source's; sources has each)")
     settings: dict[str, Any] = Field(description="Settings in use (run-time ones as changed by PATCH /v1/config or a "
                                      "reload; secrets left out)")
     config: dict[str, Any] = Field(default_factory=dict, description="The config file, and the last reload (SIGHUP): "

@@ -37,6 +37,28 @@ def lmdb_usage(d: "Daemon") -> dict[str, int]:
             "used_bytes": (info["last_pgno"] + 1) * stat["psize"], "map_size": info["map_size"]}
 
 
+def sampling_of(d: "Daemon") -> tuple[str, str | None]:
+    """The samplers' state and reason for the daemon as a whole: with several sources, ``sampling`` while any
+    source samples (else the first source's state), and the reason names each source that does not sample."""
+    crash = d.supervisor.crash_loop()
+    srcs = list(d.sources.items())
+    if len(srcs) <= 1:
+        return d.scheduler.state(), crash or d.paused_reason
+    states = {n: src.scheduler.state() for n, src in srcs}
+    state = "sampling" if "sampling" in states.values() else states[srcs[0][0]]
+    reasons = [f"{n}: {redact(src.scheduler.paused_reason)}" for n, src in srcs if src.scheduler.paused_reason]
+    return state, crash or ("; ".join(reasons) or None)
+
+
+def last_error_of(d: "Daemon") -> str | None:
+    """The last remote error: the source's own with one source; with several, each source's that has one, named."""
+    srcs = list(d.sources.items())
+    if len(srcs) <= 1:
+        return d.last_error
+    errors = [f"{n}: {redact(src.scheduler.last_error)}" for n, src in srcs if src.scheduler.last_error]
+    return "; ".join(errors) or None
+
+
 def status_of(d: "Daemon") -> Status:
     summaries = d.catalog.summaries()
     epochs = [EpochSummary(epoch=e, **summaries[e]) for e in sorted(summaries)[-EPOCHS_SHOWN:]]
@@ -44,13 +66,14 @@ def status_of(d: "Daemon") -> Status:
     eps = d.catalog.epochs()
     shown, live, by_job = d.leases.summary(LEASES_SHOWN)
     pacer = d.traffic.pacer
+    state, reason = sampling_of(d)
     return Status(
         version=__version__, uptime_s=time.time() - d.started, source=d.source_shown,
         cache_dir=str(d.settings.cache_dir.resolve()), bytes=d.catalog.resident_bytes,
         max_bytes=d.max_bytes, samples=d.catalog.resident_rows, shards=d.catalog.shard_count(),
         map_size=d.map_size, disk_free=d.disk.free_or_zero(),
         epochs_sealed=len(eps), last_epoch=eps[-1] if eps else -1, epochs=epochs,
-        sampler={"state": d.scheduler.state(), "reason": d.supervisor.crash_loop() or d.paused_reason,
+        sampler={"state": state, "reason": reason,
                  "processes": d.supervisor.size, "in_flight": d.supervisor.pending(),
                  "restarts": d.supervisor.restarts, "start_failures": d.supervisor.start_failures},
         ingest={**ingest_rate(d), "commits": d.writer.commits},
@@ -58,7 +81,7 @@ def status_of(d: "Daemon") -> Status:
                 **d.traffic.amplification()},
         pacing={"mode": pacer.mode, "replace_per_epoch": pacer.replace_per_epoch, "max_ingest_rate": pacer.max_rate,
                 "allowance_bytes": int(pacer.allowance), "reason": pacer.reason},
-        remote_errors=d.remote_errors, last_error=d.last_error, quarantined=quarantined,
+        remote_errors=d.remote_errors, last_error=last_error_of(d), quarantined=quarantined,
         skipped_columns=d.discovery.skipped if d.discovery else {},
         files=d.discovery.listing() if d.discovery else None,
         table=d.discovery.table_info() if d.discovery else None,

@@ -275,3 +275,17 @@ def test_samplecache_status_prints_a_table_of_the_sources(served: tuple[Daemon, 
     assert cli.cmd_status(argparse.Namespace(url="http://daemon:8750", json=True)) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["sources"] == status["sources"] and [s["name"] for s in shown["sources"]] == list(SHARES)
+
+
+def test_the_daemon_wide_status_speaks_for_every_source(served: tuple[Daemon, TestClient]) -> None:
+    """With several sources the top-level sampler reason and last error name each source's, and remote_errors adds
+    them up: the failing source shows even though it is not the first."""
+    _, client = served
+    status = client.get("/v1/status").json()
+    shown = _sources(client)
+    assert shown["gone"]["state"] == "remote error" and shown["gone"]["last_error"], shown["gone"]
+    assert status["remote_errors"] == sum(s["remote_errors"] for s in shown.values()) > 0
+    assert f"gone: {shown['gone']['last_error']}" in (status["last_error"] or ""), status["last_error"]
+    for name, s in shown.items():
+        if s["reason"]:
+            assert f"{name}: {s['reason']}" in status["sampler"]["reason"], status["sampler"]
