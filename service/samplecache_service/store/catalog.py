@@ -4,7 +4,8 @@ Layout of the LMDB environment (``<cache-dir>/lmdb``):
 
 * ``records``: record_key(shard id, block) -> encoded block (samplecache.format.record)
 * ``shards``:  shard id (8 bytes BE) -> shard JSON
-* ``epochs``:  epoch (8 bytes BE) -> sealed manifest JSON
+* ``epochs``:  epoch (8 bytes BE) -> sealed manifest JSON, its shard table packed (``shards_packed``; older
+  versions stored the list of rows, ``shards``: both are read)
 * ``files``:   remote path -> file JSON (row groups, quarantine: store/fileinfo.py)
 * ``meta``:    b"format", b"source", b"schema", b"cursor", b"next_shard", b"pages_released" (the writer's tiny commit
   that lets freed pages be reused); a named source's own keys (schema, cursor...) as ``source/<name>/<key>``
