@@ -342,3 +342,39 @@ def test_short_epochs_quick(tmp_path: Path) -> None:
         assert r["samples_per_s"] > 0, (name, r)
     assert got["lmdb-block"]["samples_per_s"] > 0
     assert "set-up ms" in proc.stdout and "x block" in proc.stdout, report
+
+
+# --- python -m benchmarks.feed / gpu_step --quick: the GPU host's benchmarks, on the CPU here ---------------------
+
+@pytest.mark.e2e
+def test_feed_quick(tmp_path: Path) -> None:
+    """The host rows of the feed benchmark verified against the Parquet truth; on a host without CUDA the CUDA rows
+    are left out (never reported as measured)."""
+    out = tmp_path / "feed.json"
+    proc = bench("feed", "--quick", "--json", out, "--workdir", tmp_path / "bench-data")
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0 and out.exists(), report
+    result = json.loads(out.read_text())
+    rows = {r["loader"]: r for r in result["rows"]}
+    assert {"memcpy", "in-process", "in-process-fresh", "loader"} <= set(rows), report
+    assert all(r["verified"] for r in rows.values()), report
+    assert ("loader-cuda" in rows) == result["host"]["cuda"], report
+
+
+@pytest.mark.e2e
+def test_gpu_step_smoke_on_the_cpu(tmp_path: Path) -> None:
+    """The training-step benchmark's code path on the CPU (--device cpu): each epoch verified, the GPU-wait and
+    overlap columns computed; without --device cpu on a host with no GPU it refuses with a clear error."""
+    import torch
+
+    out = tmp_path / "step.json"
+    proc = bench("gpu_step", "--quick", "--device", "cpu", "--workers", "0", "--ratios", "1.0", "--json", out,
+                 "--workdir", tmp_path / "bench-data")
+    report = f"exit code {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0 and out.exists(), report
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 1 and rows[0]["verified"] and rows[0]["depth"] >= 1, report
+    assert 0 <= rows[0]["wait"] < 1 and rows[0]["loader_ms"] > 0 and rows[0]["step_ms"] > 0, report
+    if not torch.cuda.is_available():
+        proc = bench("gpu_step", "--quick", "--workdir", tmp_path / "bench-data")
+        assert proc.returncode == 2 and "no CUDA GPU here" in proc.stderr, proc.stderr
