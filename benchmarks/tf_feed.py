@@ -15,7 +15,10 @@ ending in ``.prefetch(tf.data.AUTOTUNE)``, iterated in eager mode in this proces
                           files in a shuffled order, rows permuted, sliced into batches of B (whole batches
                           yielded: the fast way to write it);
 * ``tf-pyarrow-samples``  the same generator yielding one sample at a time, then ``.batch(B)`` (the common
-                          recipe).
+                          recipe);
+* ``tf-in-memory``        informational, TensorFlow's own floor: the whole dataset already in memory, rows
+                          permuted once, ``from_tensor_slices(...).batch(B)``: nothing is read, only sliced,
+                          batched and handed over by the eager iterator (datasets up to 1 GiB).
 
 Every pass (one untimed warm-up, then ``--passes`` timed, the median reported) is verified against the
 Parquet ground truth: sample count, sum of ``y`` and the checksum of ``x`` of ``harness.Check``.
@@ -57,8 +60,9 @@ from .harness import (
 )
 from .harness.cli import log
 
-LOADERS = ["samplecache.tf", "tf-pyarrow-batches", "tf-pyarrow-samples"]
-PEERS = LOADERS[1:]
+LOADERS = ["samplecache.tf", "tf-in-memory", "tf-pyarrow-batches", "tf-pyarrow-samples"]
+PEERS = LOADERS[2:]
+IN_MEMORY_MAX = 1 << 30  # tf-in-memory holds the dataset twice (numpy and TensorFlow): run up to this size
 
 
 # --- plain tf.data over pyarrow -------------------------------------------------------------------------
@@ -112,6 +116,16 @@ def pyarrow_dataset(spec: Spec, root: Path, per_sample: bool) -> Any:
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
+def in_memory_dataset(spec: Spec, root: Path) -> Any:
+    import tensorflow as tf
+
+    parts = list(ParquetSource(root / "parquet", spec.width).row_groups())
+    xs, ys = np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+    perm = np.random.default_rng(0).permutation(len(ys))
+    return tf.data.Dataset.from_tensor_slices({"x": xs[perm], "y": ys[perm]}).batch(spec.batch_size) \
+        .prefetch(tf.data.AUTOTUNE)
+
+
 # --- measuring ----------------------------------------------------------------------------------------------
 def tf_pass(ds: Any, check: Check) -> Tally:
     n = ysum = xsum = 0
@@ -137,6 +151,12 @@ def run_dataset(spec: Spec, workdir: Path, passes: int, loaders: list[str], no_t
         return [row(name) for name in LOADERS if name in loaders]
     import tensorflow as tf
 
+    if "tf-in-memory" in loaders and spec.samples * spec.payload <= IN_MEMORY_MAX:
+        log(f"{spec.name}: tf-in-memory")
+        ds = in_memory_dataset(spec, root)
+        r = row("tf-in-memory")
+        r.info = True
+        rows.append(measure(r, lambda ds=ds: tf_pass(ds, check), passes, log))
     for peer in [p for p in PEERS if p in loaders]:
         log(f"{spec.name}: {peer}")
         ds = pyarrow_dataset(spec, root, per_sample=peer == "tf-pyarrow-samples")

@@ -18,8 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from samplecache.format.record import BlockView, Schema, shard_prefix
-from samplecache.reading.reader import open_cache
+from samplecache.reading.reader import _gather_mapped, _Where, open_cache
 
 from .data import MB, Check, Log
 
@@ -132,18 +134,51 @@ def _blocks(manifest: dict[str, Any]) -> Iterable[tuple[int, int, BlockView | No
             yield sid, rows, None
 
 
-def lmdb_scan(manifest: dict[str, Any], per_sample: bool, check: Check) -> Tally:
+SHUFFLED_CHUNK = 4096  # positions per gather of the shuffled scan (the in-process reader's chunk)
+
+
+def _shuffled(views: list[BlockView], cx: int, cy: int, check: Check, rng: np.random.Generator) -> tuple[int, int]:
+    """(sum of y, checksum of x) of a shard's rows read in a random order: per chunk of positions one vectorised
+    gather of x over all the shard's blocks (the reader's own kernel, ``reader._gather_mapped``), nothing else."""
+    xs = [v.column_array(cx) for v in views]
+    starts = np.cumsum([0] + [v.nrows for v in views])
+    order = rng.permutation(int(starts[-1]))
+    ysum = sum(int(v.column_array(cy).sum()) for v in views)
+    xsum = 0
+    out = np.empty((min(SHUFFLED_CHUNK, len(order)),) + xs[0].shape[1:], xs[0].dtype)
+    for a in range(0, len(order), SHUFFLED_CHUNK):
+        pos = order[a:a + SHUFFLED_CHUNK]
+        block = np.searchsorted(starts, pos, side="right") - 1
+        at = _Where(list(range(len(xs))), block, pos - starts[block])
+        dst = out[:len(pos)]
+        if not _gather_mapped(xs, dst, at):
+            raise RuntimeError("the shard's blocks cannot be gathered in one map")
+        xsum += check.block(dst)
+    return ysum, xsum
+
+
+def lmdb_scan(manifest: dict[str, Any], per_sample: bool, check: Check, shuffled: bool = False) -> Tally:
     """The raw read: shard by shard of the manifest, every block, x copied once per sample (``per_sample``,
-    the limit) or once per block; each shard's row count checked against the manifest."""
+    the limit) or once per block; ``shuffled``: each shard's rows in a random order, gathered by the reader's
+    vectorised kernel alone (the ceiling of a shuffled read: the same memory access, no batching or Python per
+    batch); each shard's row count checked against the manifest."""
     schema = Schema.from_json(manifest["schema"])
     cx, cy = schema.index("x"), schema.index("y")
     n = ysum = xsum = got = 0
     sample = check.sample
+    rng, views = np.random.default_rng(0), []
     for sid, rows, view in _blocks(manifest):
         if view is None:
             if got != rows:
                 raise RuntimeError(f"shard {sid}: {got} rows in LMDB, manifest says {rows}")
+            if views:
+                ys, xc = _shuffled(views, cx, cy, check, rng)
+                ysum, xsum, views = ysum + ys, xsum + xc, []
             n, got = n + got, 0
+            continue
+        got += view.nrows
+        if shuffled:
+            views.append(view)
             continue
         xs, ys = view.column_array(cx), view.column_array(cy)
         if per_sample:
@@ -155,7 +190,6 @@ def lmdb_scan(manifest: dict[str, Any], per_sample: bool, check: Check) -> Tally
             xs = xs.copy()
             ysum += int(ys.sum())
             xsum += check.block(xs)
-        got += view.nrows
     return Tally(n, ysum, xsum)
 
 

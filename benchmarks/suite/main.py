@@ -25,6 +25,8 @@ Loaders (DataLoader batch size 256 for SMALL and 8 for LARGE, default collate, s
 * ``lmdb-limit``           THE LIMIT: a raw read-only LMDB cursor scan of the samplecache cache, one
                            ``.copy()`` of ``x`` per sample (no DataLoader; workers 0 only).
 * ``lmdb-block``           informational: the same scan copying whole blocks (no per-sample work).
+* ``lmdb-shuffled``        informational: each shard's rows in a random order, ``x`` gathered by the reader's
+                           vectorised kernel alone, 4,096 positions a call: the ceiling of a shuffled read.
 * ``samplecache``          ``SampleCacheDataset(url, shuffle=True)`` per sample, ``DataLoader(batch_size=B)``.
 * ``samplecache-batched``  ``SampleCacheDataset(url, shuffle=True, batch_size=B)``, ``DataLoader(batch_size=None)``.
 * ``samplecache-loader``   the same batched dataset through ``samplecache.SampleCacheLoader(batch_size=None)``
@@ -166,6 +168,9 @@ class DatasetRun:
         if "lmdb-block" in self.loaders:
             self.rows.append(measure(self.row("lmdb-block", "info"),
                                      lambda: lmdb_scan(self.manifest, False, self.check), self.passes, log))
+        if "lmdb-shuffled" in self.loaders:
+            self.rows.append(measure(self.row("lmdb-shuffled", "info"),
+                                     lambda: lmdb_scan(self.manifest, False, self.check, True), self.passes, log))
         for peer in [p for p in PEERS if p in self.loaders]:
             self.run_peer(peer)
         if any(s in self.loaders for s in SAMPLECACHE):

@@ -79,7 +79,7 @@ def test_read_throughput_quick(tmp_path: Path) -> None:
 PEER_LOADERS = ("lmdb-pickle", "parquet-arrow", "streaming", "litdata", "webdataset")
 SAMPLECACHE_LOADERS = ("samplecache", "samplecache-batched", "samplecache-loader", "samplecache-loader-ps")
 CORE_LOADERS = (*SAMPLECACHE_LOADERS, "lmdb-pickle", "parquet-arrow")  # need no extra
-SUITE_ROWS = {("lmdb-limit", 0), ("lmdb-block", 0)} | {
+SUITE_ROWS = {("lmdb-limit", 0), ("lmdb-block", 0), ("lmdb-shuffled", 0)} | {
     (loader, w) for loader in (*SAMPLECACHE_LOADERS, *PEER_LOADERS) for w in (0, 2)}
 STREAMING_SHM = re.compile(r"^\d{6}_(locals|barrier|next_epoch|cache_usage|shard_states|shard_access_times|"
                            r"resume|epoch_shape|epoch_data)$")
@@ -229,7 +229,7 @@ def test_daemon_scale_quick(tmp_path: Path) -> None:
 
 # --- python -m benchmarks.tf_feed --quick: samplecache.tf against plain tf.data over pyarrow -------------------------
 
-TF_LOADERS = ("samplecache.tf", "tf-pyarrow-batches", "tf-pyarrow-samples")
+TF_LOADERS = ("samplecache.tf", "tf-in-memory", "tf-pyarrow-batches", "tf-pyarrow-samples")
 
 
 @pytest.mark.e2e
