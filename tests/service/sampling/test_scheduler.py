@@ -471,10 +471,12 @@ def test_transient_failure_is_retried_with_exponential_backoff(tmp_path: Path) -
 def test_backoff_is_capped_at_max_unit_backoff(tmp_path: Path) -> None:
     rig = Rig(tmp_path, table(files=1, groups=1), retry_seconds=100.0)
     rig.turn()
+    sent = len(rig.samplers.submitted)
     for base in (100.0, 200.0, MAX_UNIT_BACKOFF, MAX_UNIT_BACKOFF):  # 400 s and 800 s uncapped
         rig.fail("transient")
         rig.turn()
-        wait_and_resubmit(rig, base)
+        wait_and_resubmit(rig, base)  # asserts: not re-sent before 0.75 x base, re-sent by 1.25 x base
+    assert MAX_UNIT_BACKOFF < 400.0 and len(rig.samplers.submitted) == sent + 4
 
 
 def test_unit_is_given_up_after_max_attempts_and_tried_again_next_pass(tmp_path: Path) -> None:
