@@ -24,7 +24,7 @@ from samplecache_service.files import make_dir
 from samplecache_service.ops.control import configure
 from samplecache_service.ops.health import Health
 from samplecache_service.ops.history import History, Recorder
-from samplecache_service.remote.discovery import Discovery
+from samplecache_service.remote.discovery import Discovery, owner_of
 from samplecache_service.remote.filters import FilterError
 from samplecache_service.remote.planner import Planner
 from samplecache_service.remote.schemas import SchemaConflict
@@ -32,7 +32,7 @@ from samplecache_service.remote.stores import FsspecRemote
 from samplecache_service.sampling.pacing import Pacer
 from samplecache_service.sampling.sampler import SampleResult
 from samplecache_service.sampling.scheduler import Scheduler
-from samplecache_service.sampling.sources import Source, changed_remotes, owner
+from samplecache_service.sampling.sources import Source, changed_remotes
 from samplecache_service.sampling.supervisor import Supervisor
 from samplecache_service.sampling.traffic import Traffic
 from samplecache_service.store.budget import Budget, ShareOf
@@ -208,14 +208,15 @@ class Daemon:
     def _make_source(self, name: str, url: str, fraction: float, remote: FsspecRemote, several: bool) -> Source:
         """One named source's parts (raises SchemaConflict or FilterError from its discovery)."""
         s = self.settings
+        owns = owner_of(remote) if several else None
         discovery = Discovery(remote, self.catalog, self.writer, s.columns, s.part_bytes, s.schema_file, s.filter,
-                              source=name)
+                              source=name, owns=owns)
         share = ShareOf(self.budget, fraction)
         shown = redact(url)
         scheduler = Scheduler(s, self.catalog, self.writer, self.disk, self.traffic, self.supervisor, share, discovery,
                               pinned_epochs=self.epochs.pinned_epochs, make_room=self.make_room,
                               expire_leases=self.leasing.expire, die=self.health.die, source_shown=shown, name=name,
-                              url=remote.data_url, owns=owner(remote) if several else None, slots=self._slots)
+                              url=remote.data_url, owns=owns, slots=self._slots)
         return Source(name, shown, share, remote, discovery, scheduler)
 
     def _start_source(self, source: Source) -> None:
@@ -251,8 +252,11 @@ class Daemon:
             for n, (_, fraction) in named.items():
                 if n in old:
                     old[n].share.fraction = fraction
-                    if several:
-                        old[n].scheduler.owns = owner(old[n].remote)
+                    if several:  # a source alone owned every file; now only those under its root
+                        old[n].scheduler.owns = owns = owner_of(old[n].remote)
+                        found = old[n].discovery
+                        if found is not None:
+                            found.owns = owns
             self.sources = {n: old[n] if n in old else added[n] for n in named}
             removed = [n for n in old if n not in named]
             for n in removed:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -43,13 +44,22 @@ log = logging.getLogger("samplecache.discovery")
 FOOTER_THREADS = 8
 
 
+def owner_of(remote: RemoteStore) -> Callable[[str], bool]:
+    """Whether a listed path is one of ``remote``'s files: it lies under its root (a glob: under its fixed part)."""
+    prefix = re.split(r"[*?\[]", str(getattr(remote, "root", "")))[0]
+    return lambda path: path.startswith(prefix)
+
+
 class Discovery:
     def __init__(self, remote: RemoteStore, catalog: Catalog, writer: Writer, columns: list[str] | None,
                  unit_bytes: int = 64 << 20, schema_file: Path | None = None,
-                 partition_filter: str | None = None, source: str = DEFAULT_SOURCE) -> None:
-        """``source``: the named source listed (its schema and table format are its own meta keys)."""
+                 partition_filter: str | None = None, source: str = DEFAULT_SOURCE,
+                 owns: Callable[[str], bool] | None = None) -> None:
+        """``source``: the named source listed (its schema and table format are its own meta keys). ``owns``: which
+        of the catalog's files are this source's (``owner_of``; None: all, the one source of a cache): a listing
+        marks removed only files of its own that left its table or filter, never another source's."""
         self.remote, self.catalog, self.writer, self.columns = remote, catalog, writer, columns
-        self.source = source
+        self.source, self.owns = source, owns
         # only files whose partition values match are sampled (FilterError at start when it is not a filter)
         self.filter = parse_filter(partition_filter) if partition_filter else None
         self.outside_filter = 0  # files of the last listing that the filter left out
@@ -110,8 +120,13 @@ class Discovery:
         table = getattr(self.remote, "table", None)
         if table is None:
             return None
-        removed = sum(1 for i in self.catalog.files().values() if i.removed)
+        removed = sum(1 for i in self._known().values() if i.removed)
         return {**table.info(), "removed_files": removed}
+
+    def _known(self) -> dict[str, FileInfo]:
+        """The catalog's records of this source's files."""
+        files = self.catalog.files()
+        return files if self.owns is None else {p: i for p, i in files.items() if self.owns(p)}
 
     def run(self) -> list[str]:
         """List the source; record the new files (units or quarantine), and look again at quarantined files that
@@ -132,7 +147,7 @@ class Discovery:
         others = list(getattr(self.remote, "others", []) or [])
         sigs: dict[str, str] = getattr(self.remote, "signatures", {}) or {}
         # before the dataset has a schema, every file is looked at again (a failed start decided nothing)
-        known = self.catalog.files() if self.schema is not None else {}
+        known = self._known() if self.schema is not None else {}
         new = [p for p in paths if p not in known]
         if new or others != self.others:  # once per change: files that are not Parquet are skipped, and said so
             root = str(getattr(self.remote, "root", ""))
@@ -147,7 +162,7 @@ class Discovery:
         self.removed_now = self._prune(paths, known, set(listed) - set(paths))
         if not new and not again:
             return []
-        seq = 1 + max((i.seq for i in known.values()), default=0)
+        seq = 1 + max((i.seq for i in self.catalog.files().values()), default=0)  # over every source's files
         with ThreadPoolExecutor(FOOTER_THREADS) as pool:
             footers = [f for f in pool.map(self._footer, sorted(new + again)) if f is not None]
         found = self._check_schemas(footers)

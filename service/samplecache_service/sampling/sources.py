@@ -57,12 +57,6 @@ class Source:
         return None
 
 
-def owner(remote: FsspecRemote) -> Callable[[str], bool]:
-    """Whether a listed path is one of ``remote``'s files: it lies under its root (a glob: under its fixed part)."""
-    prefix = re.split(r"[*?\[]", str(remote.root))[0]
-    return lambda path: path.startswith(prefix)
-
-
 def changed_remotes(old: dict[str, Source], named: dict[str, tuple[str, float]],
                     remote_for: Callable[[str], FsspecRemote], say_url: bool = True) -> dict[str, FsspecRemote]:
     """Each source's remote once the sources are ``named`` (name -> (URL, fraction)): a kept source's own, a new

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from lake_tables import delete_delta, live_rows, optimize_delta, write_delta
 from staged_rows import served
@@ -20,7 +21,7 @@ from staged_rows import served
 from samplecache_service.cli import format_status
 from samplecache_service.http.models import TableStatus
 from samplecache_service.remote.delta import delta_options
-from samplecache_service.remote.discovery import Discovery
+from samplecache_service.remote.discovery import Discovery, owner_of
 from samplecache_service.remote.stores import FsspecRemote, RemoteError, TableRefused
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.writer import Writer
@@ -198,3 +199,32 @@ def test_a_feature_taken_on_later_stops_the_table_until_it_is_gone(tmp_path: Pat
     with pytest.raises(TableRefused, match="deletionVectors"):
         disc.run()
     assert disc.refused is not None and "deletionVectors" in disc.refused  # the daemon seals and samples nothing
+
+
+def test_a_table_source_leaves_another_sources_files_alone(tmp_path: Path, cache: tuple[Catalog, Writer]) -> None:
+    """Two sources on one cache, a Delta table and a plain folder: the table's listing marks removed only files of
+    its own that left the table, never the folder's (which it does not list; before, they were marked at each of
+    its listings and live again at each of the folder's), and its status counts only its own."""
+    catalog, writer = cache
+    uri = str(tmp_path / "table")
+    write_delta(uri, rows(0, 40, ["en"]), tmp_path)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    pq.write_table(rows(1000, 30, ["de"]), folder / "part-0.parquet")
+    lake, plain = FsspecRemote(f"file://{uri}"), FsspecRemote(f"file://{folder}")
+    owns_lake, owns_plain = owner_of(lake), owner_of(plain)
+    d_plain = Discovery(plain, catalog, writer, None, source="plain", owns=owns_plain)
+    d_lake = Discovery(lake, catalog, writer, None, source="lake", owns=owns_lake)
+    d_plain.run()
+    d_lake.run()
+    write_delta(uri, rows(40, 10, ["en"]), tmp_path, mode="overwrite")
+    d_lake.run()
+    files = catalog.files()
+    mine = [p for p in files if owns_plain(p)]
+    assert len(mine) == 1 and not files[mine[0]].removed  # the folder's file is live
+    gone = [p for p, i in files.items() if i.removed]
+    assert gone and all(owns_lake(p) for p in gone) and d_lake.removed_now == len(gone)  # the overwrite's only
+    info = d_lake.table_info()
+    assert info is not None and info["removed_files"] == len(gone)
+    d_plain.run()
+    assert d_plain.removed_now == 0 and catalog.removed_files() == set(gone)
