@@ -73,6 +73,7 @@ class Daemon:
         self.settings = settings
         self.started = time.time()
         self.named = settings.named_sources()  # name -> (URL, fraction of the budget)
+        self.filters = settings.source_filters()  # name -> its partition filter (None: none)
         first = next(iter(self.named.values()), ("", 1.0))[0]
         self.source_shown = redact(settings.source or first)
         try:
@@ -114,7 +115,7 @@ class Daemon:
         self.jobs = JobTable(settings.lease_ttl)
         self.jobs.load(self.catalog.meta("jobs", []) or [])
         try:  # no source at all is check_remote's to say, after the cache is opened (a map too large says first)
-            remotes = changed_remotes({}, self.named, self._remote) if self.named else {}
+            remotes = changed_remotes({}, self.named, self._remote, filters=self.filters) if self.named else {}
         except Conflict as e:
             self._close()
             raise StartupError(str(e)) from None
@@ -128,7 +129,8 @@ class Daemon:
                                    self._manifest_fields, rules,
                                    on_new_epoch=lambda epoch: self.traffic.epoch_started(
                                        {n: s.share.max_bytes for n, s in list(self.sources.items())}),
-                                   not_ready=self._not_discovered, shares=self.epoch_shares)
+                                   not_ready=self._not_discovered, shares=self.epoch_shares,
+                                   outside=self.outside_files)
         self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
         # the samplers' results go to their source's scheduler, built next (the supervisor starts in start())
         self.supervisor = Supervisor(settings.samplers, self._on_result)
@@ -209,8 +211,8 @@ class Daemon:
         """One named source's parts (raises SchemaConflict or FilterError from its discovery)."""
         s = self.settings
         owns = owner_of(remote) if several else None
-        discovery = Discovery(remote, self.catalog, self.writer, s.columns, s.part_bytes, s.schema_file, s.filter,
-                              source=name, owns=owns)
+        discovery = Discovery(remote, self.catalog, self.writer, s.columns, s.part_bytes, s.schema_file,
+                              self.filters.get(name, s.filter), source=name, owns=owns)
         share = ShareOf(self.budget, fraction)
         shown = redact(url)
         scheduler = Scheduler(s, self.catalog, self.writer, self.disk, self.traffic, self.supervisor, share, discovery,
@@ -229,18 +231,26 @@ class Daemon:
         t.start()
         self._threads.append(t)
 
-    def set_sources(self, named: dict[str, tuple[str, float]]) -> dict[str, list[str]]:
+    def set_sources(self, named: dict[str, tuple[str, float]],
+                    filters: dict[str, str | None] | None = None) -> dict[str, list[str]]:
         """Add, re-share and remove sources while running (SIGHUP, PATCH /v1/config): ``named`` is the whole set
-        after the change, name -> (URL, fraction of the budget). A removed source stops sampling; its shards go
-        once no lease pins them. Raises errors.Conflict (nothing changed) with what is wrong."""
+        after the change, name -> (URL, fraction of the budget); ``filters``: each one's partition filter (a kept
+        source's cannot change; unnamed: --filter's). A removed source stops sampling; its shards go once no lease
+        pins them. Raises errors.Conflict (nothing changed) with what is wrong."""
         with self._sources_lock:
             old = dict(self.sources)
-            remotes = changed_remotes(old, named, self._remote, say_url=False)
+            wanted = {n: (filters or {}).get(n) or self.settings.filter for n in named}
+            moved = [n for n in named if n in old and wanted[n] != self.filters.get(n, self.settings.filter)]
+            if moved:
+                raise Conflict(f"source(s) {moved} would change filter: a source's filter is fixed while the daemon "
+                               f"runs (its cached sample is of that filter); add the new filter under another name")
+            remotes = changed_remotes(old, named, self._remote, say_url=False, filters=wanted)
             several = len(named) > 1 or DEFAULT_SOURCE not in named
             try:
                 check_sources(self.catalog, self.writer, {n: u for n, (u, _) in named.items() if n not in old})
             except StartupError as e:
                 raise Conflict(str(e)) from None
+            self.filters = {**self.filters, **wanted}
             added = {}
             for n, (url, fraction) in named.items():
                 if n not in old:
@@ -301,6 +311,11 @@ class Daemon:
         that sample now, so no source takes every sampler."""
         busy = sum(1 for s in self.sources.values() if s.scheduler.planner is not None and not s.scheduler.complete)
         return max(1, -(-2 * self.supervisor.size // max(1, busy)))
+
+    def outside_files(self) -> dict[str, frozenset[str]]:
+        """Each source's files that its filter leaves out (as its last listing found them; none: not listed)."""
+        return {n: s.discovery.outside_files for n, s in list(self.sources.items())
+                if s.discovery is not None and s.discovery.outside_files}
 
     def epoch_shares(self) -> dict[str, float]:
         """The sources a new epoch names, each with its fraction of the budget."""
@@ -384,9 +399,12 @@ class Daemon:
     def make_room(self, incoming: int, source: str | None = None) -> EvictionPlan:
         """Which shards to evict so ``incoming`` more bytes of ``source`` fit within its share (runs on the writer
         thread; None: every source within its share, for nothing incoming): first every unpinned shard of a file
-        no longer live in its table, then what the policy picks. A removed source's share is 0."""
+        no longer live in its table or outside its source's filter, then what the policy picks. A removed source's
+        share is 0."""
         shards, pinned, removed = self.catalog.shards(), self.epochs.pinned_shards(), self.catalog.removed_files()
-        stale = [s for s in shards if s.id not in pinned and s.path in removed] if removed else []
+        outside = self.outside_files()
+        stale = [s for s in shards if s.id not in pinned and (s.path in removed or s.path in outside.get(s.source, ()))
+                 ] if removed or outside else []
         if stale:
             ids = {s.id for s in stale}
             shards = [s for s in shards if s.id not in ids]

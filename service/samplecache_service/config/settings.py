@@ -43,12 +43,14 @@ _NAMED = re.compile(r"([a-z0-9_-]{1,64})=(.+)", re.S)
 
 
 class SourceSpec(BaseModel):
-    """One named source: its fsspec URL and its share of ``max_bytes`` (None: an equal part of what the set shares
-    leave)."""
+    """One named source: its fsspec URL, its share of ``max_bytes`` (None: an equal part of what the set shares
+    leave) and its partition filter (None: ``--filter``'s). Sources with one URL and different filters are filters
+    of one table, each with its own sample."""
 
     model_config = ConfigDict(extra="forbid")
     url: str = Field(min_length=1)
     share: float | None = Field(None, gt=0, le=1)
+    filter: str | None = Field(None, min_length=1, max_length=4096)
 
 
 def named_pairs(value: Any, what: str) -> dict[str, str]:
@@ -297,6 +299,11 @@ class Settings(BaseSettings):
     def named_sources(self) -> dict[str, tuple[str, float]]:
         """Each source's (URL, fraction of max_bytes): a bare ``source`` is ``default`` (``resolve_sources``)."""
         return resolve_sources(self.source, self.sources, self.share)
+
+    def source_filters(self) -> dict[str, str | None]:
+        """Each source's partition filter: its own (``[sources.NAME] filter``), else ``--filter``."""
+        return {n: (self.sources[n].filter if n in self.sources and self.sources[n].filter else self.filter)
+                for n in self.named_sources()}
 
     @field_validator("log_level")
     @classmethod

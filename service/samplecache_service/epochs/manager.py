@@ -90,17 +90,20 @@ class EpochManager:
                  manifest_fields: Callable[[], dict[str, Any]], rules: EpochRules,
                  on_new_epoch: Callable[[int], None] = lambda epoch: None,
                  not_ready: Callable[[], str | None] = lambda: None,
-                 shares: Callable[[], dict[str, float]] = lambda: {DEFAULT_SOURCE: 1.0}) -> None:
+                 shares: Callable[[], dict[str, float]] = lambda: {DEFAULT_SOURCE: 1.0},
+                 outside: Callable[[], dict[str, frozenset[str]]] = dict) -> None:
         """``manifest_fields``: what every manifest says besides its shards (called once per seal);
         ``on_new_epoch``: a new epoch was granted its share of replacement (see ``grant``); ``not_ready``: why no
         epoch can be sealed yet (no source discovered), or None; ``shares``: the sources a new epoch names, each
-        with its fraction of the budget (a removed source, or one not listed yet, is not named)."""
+        with its fraction of the budget (a removed source, or one not listed yet, is not named); ``outside``: each
+        source's files that its filter leaves out (its shards of them are not named)."""
         self.catalog, self.writer, self.leases, self.jobs, self.budget = catalog, writer, leases, jobs, budget
         self.manifest_fields = manifest_fields
         self.rules = rules
         self.on_new_epoch = on_new_epoch
         self.not_ready = not_ready
         self.shares = shares
+        self.outside = outside
         self._unread: dict[int, float] = {}  # epochs that were granted a share and have no lease yet -> when
         self._unread_lock = threading.Lock()  # leases are settled on the writer thread
         self._fresh: dict[int, float] = {}  # epochs sealed and not leased yet -> when (their own short pin)
@@ -117,12 +120,17 @@ class EpochManager:
         """What a new epoch may name: the resident shards, less what the eviction policy would drop to keep
         ``headroom`` of the budget free. While an epoch is leased its shards cannot be evicted, so this headroom
         is where new shards go until the next epoch; without it a full, leased cache could never take in new
-        data. Shards of a file no longer live in its table are never named, even while a lease keeps them.
+        data. Shards of a file no longer live in its table, or outside their source's filter, are never named, even
+        while a lease keeps them.
         Columns in, columns out: no loop over the shards (100k of them seal in milliseconds)."""
         cols = self.catalog.columns()
         removed = self.catalog.removed_files()
-        if removed:
-            cols = cols.take(~cols.in_files(removed))
+        gone = cols.in_files(removed) if removed else np.zeros(len(cols), bool)
+        for name, paths in self.outside().items():
+            if paths:
+                gone |= cols.of_source(name) & cols.in_files(paths)
+        if gone.any():
+            cols = cols.take(~gone)
         keep = np.zeros(len(cols), bool)
         for name, fraction in self.shares().items():  # each source's headroom within its own share
             mine = np.flatnonzero(cols.of_source(name))

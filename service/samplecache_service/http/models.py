@@ -141,6 +141,8 @@ class SourceStatus(BaseModel):
                                  "(pacing=epoch: replace_per_epoch x its share per epoch)")
     quarantined: int = Field(description="Its quarantined files")
     skipped_columns: dict[str, str] = Field(default_factory=dict)
+    filter: str | None = Field(None, description="Its partition filter (its own, or --filter's): it samples only "
+                               "the files inside it")
     ready: bool = Field(description="Whether a new epoch names its shards")
 
 
@@ -340,7 +342,10 @@ SOURCE_IN: JsonDict = {"type": "object", "properties": {
     "url": {"type": "string", "description": "A remote store's fsspec URL (s3://, gs://, az://, https://...); never "
             "a path on the daemon's disk"},
     "share": {"type": ["number", "null"], "description": "Its fraction of max_bytes (null: an equal part of what "
-              "the others leave)"}}, "required": ["url"]}
+              "the others leave)"},
+    "filter": {"type": ["string", "null"], "description": "Its partition filter (null: --filter's); sources of one "
+               "URL with different filters are filters of one table. A kept source's cannot change"}},
+    "required": ["url"]}
 
 
 class ConfigIn(BaseModel):
@@ -348,7 +353,8 @@ class ConfigIn(BaseModel):
 
     sources: dict[str, Any] | None = Field(
         None, min_length=1, max_length=1024, json_schema_extra={"additionalProperties": SOURCE_IN},
-        description="The whole set of named sources after the change, name -> {url, share}: a source left out is "
+        description="The whole set of named sources after the change, name -> {url, share, filter}: a source left "
+        "out is "
         "removed (its "
         "shards go once no lease pins them), a new one is added, a share changed is applied at once; a source's URL "
         "cannot change")
@@ -368,7 +374,7 @@ class ConfigIn(BaseModel):
 
 class ConfigOut(BaseModel):
     sources: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Each source's URL (credentials "
-                                               "masked) and share")
+                                               "masked), share and filter")
     max_bytes: int
     eviction_policy: str
     min_free_disk: int

@@ -112,5 +112,6 @@ def sources_of(d: "Daemon") -> list[SourceStatus]:
             remote_errors=s.remote_errors, last_error=redact(s.last_error) if s.last_error else None,
             allowance_bytes=int(d.traffic.pacer.allowances.get(name, 0.0)), quarantined=quarantined,
             skipped_columns=src.discovery.skipped if src.discovery else {},
+            filter=src.discovery.filter.text if src.discovery and src.discovery.filter else None,
             ready=src.ready()))
     return out

@@ -27,7 +27,8 @@ class Configurable(Protocol):
 
     def configure(self, **changes: Any) -> Future[None]: ...
 
-    def set_sources(self, named: dict[str, tuple[str, float]]) -> dict[str, list[str]]: ...
+    def set_sources(self, named: dict[str, tuple[str, float]],
+                    filters: dict[str, str | None] | None = None) -> dict[str, list[str]]: ...
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class Reloader:
         the error that refused it, or None."""
         if SOURCES & set(runtime):
             try:
-                self.daemon.set_sources(new.named_sources())
+                self.daemon.set_sources(new.named_sources(), new.source_filters())
             except (Invalid, Conflict) as e:
                 return str(e)
         kw = {DAEMON_RUNTIME[n]: (int(v) if n in ("max_bytes", "min_free_disk", "max_ingest_rate") else v)

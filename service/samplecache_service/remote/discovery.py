@@ -63,6 +63,9 @@ class Discovery:
         # only files whose partition values match are sampled (FilterError at start when it is not a filter)
         self.filter = parse_filter(partition_filter) if partition_filter else None
         self.outside_filter = 0  # files of the last listing that the filter left out
+        # their paths: this source never samples them, and no new epoch names its shards of them. Kept here, not as
+        # FileInfo.removed, which every source of the cache reads: two sources can be filters of one table
+        self.outside_files: frozenset[str] = frozenset()
         self._types: dict[str, pa.DataType] = {}  # partition columns' types, over the last listing
         self.unit_bytes = unit_bytes
         raw = catalog.meta(source_key(self.source, "schema"))
@@ -75,7 +78,9 @@ class Discovery:
         self.parquet_files = 0
         self.others: list[str] = []
         self.listed_at: float | None = None
-        self.removed_now = 0  # files the last listing found gone from the table (their shards are to be evicted)
+        # files the last listing found gone from the table, or cached ones its filter leaves out (their shards are
+        # to be evicted)
+        self.removed_now = 0
         self.refused: str | None = None  # why the table's newest version cannot be served (a feature it took on)
         self.pinned = load_schema_file(schema_file) if schema_file else None
         if self.pinned is not None:
@@ -159,7 +164,8 @@ class Discovery:
         # place: its footer, size and units are read anew, so that no sampler reads it at its old size)
         again = [p for p in paths if p in known and (known[p].quarantined and known[p].recheck or (
             sigs.get(p) and known[p].signature not in (None, sigs.get(p))))]
-        self.removed_now = self._prune(paths, known, set(listed) - set(paths))
+        self.outside_files = frozenset(listed).difference(paths)
+        self.removed_now = self._prune(listed, known) + len(self.outside_files.intersection(known))
         if not new and not again:
             return []
         seq = 1 + max((i.seq for i in self.catalog.files().values()), default=0)  # over every source's files
@@ -210,19 +216,19 @@ class Discovery:
                               f"({len(listed)} file(s) listed)")
         return paths
 
-    def _prune(self, paths: list[str], known: dict[str, FileInfo], outside: set[str]) -> int:
-        """Files that left a table's version (overwrite, delete, optimize) or that the filter leaves out marked
-        removed, and any that came back (a restore, a wider filter) live again; returns how many left. A file
-        missing from a folder's listing is not marked: that is a failure to read, not a change of the data."""
+    def _prune(self, listed: list[str], known: dict[str, FileInfo]) -> int:
+        """Files that left a table's version (overwrite, delete, optimize) marked removed, and any that came back
+        (a restore) live again; returns how many left. A file missing from a folder's listing is not marked: that
+        is a failure to read, not a change of the data. Files the filter leaves out stay live here (``outside_files``
+        says so, for this source alone); one marked removed by an older version for its filter is live again."""
         table = getattr(self.remote, "table", None) is not None
-        live = set(paths)
-        gone = {p: replace(i, removed=True) for p, i in known.items()
-                if p not in live and not i.removed and (table or p in outside)}
-        back = {p: replace(known[p], removed=False) for p in paths if p in known and known[p].removed}
+        live = set(listed)
+        gone = {p: replace(i, removed=True) for p, i in known.items() if table and p not in live and not i.removed}
+        back = {p: replace(known[p], removed=False) for p in listed if p in known and known[p].removed}
         if gone or back:
             self.writer.put_files({**gone, **back}).result()
             log.info("source %s: %d file(s) left the table, %d came back; %d live", self.remote.url, len(gone),
-                     len(back), len(paths), extra={"event": "table_files_removed", "path": self.remote.url})
+                     len(back), len(listed), extra={"event": "table_files_removed", "path": self.remote.url})
         return len(gone)
 
     def _footer(self, path: str) -> tuple[str, FileInfo, pa.Schema | None] | None:

@@ -31,6 +31,7 @@ from samplecache_service.store.budget import Budget, ShareOf
 from samplecache_service.store.catalog import Catalog, source_key
 from samplecache_service.store.disk import DiskSpace, out_of_space
 from samplecache_service.store.eviction import MakeRoom
+from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.staging import drop_failed
 from samplecache_service.store.writer import DamagedShard, NoRoom, Writer
 
@@ -136,7 +137,7 @@ class Scheduler:
         cov = self.planner.coverage(lambda u: u.path in files and files[u.path].quarantined
                                     or (u.path, u.row_group) in given_up,
                                     hash((self.catalog.files_version, frozenset(given_up))),
-                                    removed=lambda u: u.path in files and files[u.path].removed)
+                                    removed=lambda u: self._gone(u.path, files.get(u.path)))
         unread, planned = self._unread_files()
         if unread:
             rows = len(unread) * max(1, round(cov["rows"] / max(1, planned)))
@@ -185,7 +186,8 @@ class Scheduler:
         try:
             new = [p for p in discovery.run() if self.owns(p)]
             self.last_error = None if self.planner is not None or self.schema() else self.last_error
-            files = {p: i for p, i in self.catalog.files().items() if self.owns(p)}
+            outside = self._outside()
+            files = {p: i for p, i in self.catalog.files().items() if self.owns(p) and p not in outside}
             if self.planner is None and self.schema() is not None:
                 units = build_units(files)
                 self.planner = Planner(units, seed=self.settings.seed, node_rank=self.settings.node_rank,
@@ -196,12 +198,17 @@ class Scheduler:
                          len(self.planner),
                          extra={"event": "source_planned", "path": self.source_shown})
                 self.last_error = None
-            elif new and self.planner is not None:
-                self.planner.add_units(build_units({p: files[p] for p in new}))
+            elif self.planner is not None:
+                # and files another source of the same table read first (one filter inside the other's)
+                planned = {u.path for u in self.planner.units}
+                new = sorted(set(new) | {p for p, i in files.items() if i.row_groups and p not in planned})
+                if new:
+                    self.planner.add_units(build_units({p: files[p] for p in new}))
             self.complete = self.complete and not new
             self._files_seen = -1
-            if getattr(discovery, "is_table", False) and (discovery.removed_now or self._stale_resident()):
-                # shards of files that left the table: evicted now, unless a lease still pins them
+            if (getattr(discovery, "is_table", False) or outside) and (
+                    discovery.removed_now or self._stale_resident()):
+                # shards of files that left the table or the filter: evicted now, unless a lease still pins them
                 self.writer.evict(self.make_room, "removed").add_done_callback(self.count_evicted)
             self._next_discovery = self.clock() + self.settings.discover_interval
         except Exception as e:  # remote down or bad: report, retry
@@ -213,9 +220,18 @@ class Scheduler:
             self._next_discovery = self.clock() + self.settings.retry_seconds
 
     def _stale_resident(self) -> bool:
-        """Whether a resident shard comes from a file no longer live in its table."""
-        removed = self.catalog.removed_files()
-        return bool(removed) and any(s.path in removed for s in self.catalog.shards() if s.source == self.name)
+        """Whether a resident shard of this source comes from a file no longer live in its table or its filter."""
+        removed, outside = self.catalog.removed_files(), self._outside()
+        return bool(removed or outside) and any(s.path in removed or s.path in outside for s in self.catalog.shards()
+                                                if s.source == self.name)
+
+    def _outside(self) -> frozenset[str]:
+        """The files this source's filter leaves out (its last listing's)."""
+        return frozenset(getattr(self.discovery, "outside_files", ()))
+
+    def _gone(self, path: str, info: FileInfo | None) -> bool:
+        """Whether ``path`` is out of this source's data: it left its table, or the filter leaves it out."""
+        return info is not None and info.removed or path in self._outside()
 
     def discover_soon(self) -> None:
         self._next_discovery = 0.0
@@ -267,9 +283,9 @@ class Scheduler:
     def _settled(self, unit: Unit) -> bool:
         """Nothing to sample for ``unit``: resident from an earlier pass, its file quarantined or re-planned."""
         info = self.catalog.file(unit.path)
-        if info.quarantined or info.removed or not unit_current(unit, info):
+        if info.quarantined or self._gone(unit.path, info) or not unit_current(unit, info):
             return True
-        return self.catalog.unit_resident(unit.path, unit.row_group) and \
+        return self.catalog.unit_resident(unit.path, unit.row_group, self.name) and \
             not self.failures.incomplete((unit.path, unit.row_group))
 
     def _fill(self) -> None:
@@ -279,7 +295,7 @@ class Scheduler:
             self._files_seen = catalog.files_version
             self.quarantined_units = sum(1 for u in self.planner.units if catalog.file(u.path).quarantined
                                          or not unit_current(u, catalog.file(u.path)))
-            self.removed_units = sum(1 for u in self.planner.units if catalog.file(u.path).removed)
+            self.removed_units = sum(1 for u in self.planner.units if self._gone(u.path, catalog.file(u.path)))
         self.paused_reason = self._why_not_sample()
         if self.paused_reason is not None:
             return

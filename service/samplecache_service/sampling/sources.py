@@ -58,11 +58,13 @@ class Source:
 
 
 def changed_remotes(old: dict[str, Source], named: dict[str, tuple[str, float]],
-                    remote_for: Callable[[str], FsspecRemote], say_url: bool = True) -> dict[str, FsspecRemote]:
+                    remote_for: Callable[[str], FsspecRemote], say_url: bool = True,
+                    filters: dict[str, str | None] | None = None) -> dict[str, FsspecRemote]:
     """Each source's remote once the sources are ``named`` (name -> (URL, fraction)): a kept source's own, a new
     one's made by ``remote_for``. Raises errors.Conflict (nothing changed) for a kept name given another URL, no
-    source at all, a store that cannot be opened, or sources one within another. ``say_url`` False: the errors
-    name no URL (a request's answer never echoes what it sent; the log has it)."""
+    source at all, a store that cannot be opened, or sources one within another (``filters``: sources of one
+    root, each with a filter of its own, are filters of one table, not one within another). ``say_url`` False: the
+    errors name no URL (a request's answer never echoes what it sent; the log has it)."""
     moved = [n for n in named if n in old and old[n].remote.url != named[n][0]]
     if moved:
         raise Conflict(f"source(s) {moved} would change URL: a source's URL is fixed while the daemon runs (its "
@@ -79,15 +81,23 @@ def changed_remotes(old: dict[str, Source], named: dict[str, tuple[str, float]],
             kind = type(e).__name__
             what = f"{redact(url)!r}: {kind}: {redact(str(e))}" if say_url else f"its store ({kind})"
             raise Conflict(f"source {n!r}: cannot open {what}") from None
-    both = overlapping({n: r.root for n, r in remotes.items()})
+    both = overlapping({n: r.root for n, r in remotes.items()}, filters or {})
     if both:
         raise Conflict("sources " + ", ".join(f"{a!r} and {b!r}" for a, b in both) + " lie one within the other: "
-                       "their files cannot be told apart; give each its own prefix")
+                       "their files cannot be told apart; give each its own prefix, or (one table) each its own "
+                       "filter")
     return remotes
 
 
-def overlapping(roots: dict[str, Any]) -> list[tuple[str, str]]:
-    """Pairs of sources whose roots lie one within the other: their files could not be told apart."""
+def overlapping(roots: dict[str, Any], filters: dict[str, str | None] | None = None) -> list[tuple[str, str]]:
+    """Pairs of sources whose roots lie one within the other: their files could not be told apart. Two sources of
+    one root whose filters differ (each has one) are filters of one table: each owns the files inside its filter,
+    and lists, samples and evicts its own."""
     named = {n: re.split(r"[*?\[]", str(r))[0].rstrip("/") for n, r in roots.items()}
+    f = filters or {}
+
+    def filtered(a: str, b: str) -> bool:
+        return bool(f.get(a)) and bool(f.get(b)) and f.get(a) != f.get(b)
     return [(a, b) for a in named for b in named if a < b and (
-        named[a] == named[b] or named[a].startswith(named[b] + "/") or named[b].startswith(named[a] + "/"))]
+        named[a] == named[b] and not filtered(a, b) or named[a].startswith(named[b] + "/")
+        or named[b].startswith(named[a] + "/"))]

@@ -107,7 +107,7 @@ class Catalog:
         self._forms: dict[tuple[int, str], bytes] = {}  # (epoch, "packed" | "rows") -> the manifest in that form
         self.resident_bytes = 0
         self.resident_rows = 0
-        self._units: Counter[tuple[str, int]] = Counter()
+        self._units: Counter[tuple[str, str, int]] = Counter()
         self._sources: dict[str, Resident] = {}
         self.files_version = 0
         self._removed: tuple[int, frozenset[str]] = (-1, frozenset())  # (files_version, removed files' paths)
@@ -202,7 +202,7 @@ class Catalog:
 
     def _count(self, s: Shard, sign: int) -> None:
         """Add (1) or take away (-1) shard ``s`` from the unit and per-source counts (under the lock)."""
-        unit = (s.path, s.row_group)
+        unit = (s.source, s.path, s.row_group)  # each source's own: two filters of one table may hold one unit
         r = self._sources.setdefault(s.source, Resident())
         r.shards, r.rows, r.bytes = r.shards + sign, r.rows + sign * s.rows, r.bytes + sign * s.bytes
         self._units[unit] += sign
@@ -223,9 +223,10 @@ class Catalog:
         with self._lock:
             return {n: Resident(r.shards, r.rows, r.bytes, r.units) for n, r in self._sources.items() if r.shards}
 
-    def unit_resident(self, path: str, row_group: int) -> bool:
+    def unit_resident(self, path: str, row_group: int, source: str = DEFAULT_SOURCE) -> bool:
+        """Whether ``source`` holds a shard of the unit."""
         with self._lock:
-            return self._units[(path, row_group)] > 0
+            return self._units[(source, path, row_group)] > 0
 
     def resident_units(self) -> int:
         with self._lock:

@@ -65,7 +65,7 @@ class FakeCatalog:
     def set_meta(self, key: str, value: Any) -> None:
         self._meta[key] = value
 
-    def unit_resident(self, path: str, row_group: int) -> bool:
+    def unit_resident(self, path: str, row_group: int, source: str = "default") -> bool:
         return self._units[(path, row_group)] > 0
 
     def resident_units(self) -> int:

@@ -19,6 +19,7 @@ import pytest
 from samplecache.format.manifest import Manifest
 from samplecache_service.config.settings import Settings
 from samplecache_service.daemon import Daemon
+from samplecache_service.http.status import sources_of
 from samplecache_service.store.cachedir import StartupError
 
 ROW_BYTES = 8 + 4 * 64  # id + a 64-float vector
@@ -253,3 +254,76 @@ def test_a_restart_reads_each_shards_last_use_back_from_the_manifests(run: Calla
     d.stop()
     d = run(source=f"file://{data['math']}/", eviction_policy="lru")
     assert {s.id: s.last_used_epoch for s in d.catalog.shards()} == {s: 1 for s in named}
+
+
+def _lake(root: Path) -> Path:
+    """A Hive-partitioned folder: lang=en (2 files), de, fr (1 each), 300 rows a file, ids apart by file."""
+    t = root / "data" / "lake"
+    for k, (lang, part) in enumerate([("en", 0), ("en", 1), ("de", 0), ("fr", 0)]):
+        d = t / f"lang={lang}"
+        d.mkdir(parents=True, exist_ok=True)
+        ids = np.arange(k * 1000, k * 1000 + 300, dtype=np.int64)
+        pq.write_table(pa.table({"id": ids}), d / f"part-{part}.parquet", row_group_size=100)
+    return t
+
+
+def test_sources_that_are_filters_of_one_table_each_keep_their_own(run: Callable[..., Daemon],
+                                                                   tmp_path: Path) -> None:
+    """Two sources on one table root, one filter inside the other: each samples exactly the files inside its
+    filter (the shared one twice, once for each), neither marks the other's files removed, and a file appended
+    while they run goes to both; the status shows each one's filter."""
+    lake = _lake(tmp_path)
+    d = run(sources={"en": {"url": f"file://{lake}/", "filter": "lang = 'en'"},
+                     "ende": {"url": f"file://{lake}/", "filter": "lang in ('en', 'de')"}})
+    _until(lambda: d.catalog.resident("en").rows == 600 and d.catalog.resident("ende").rows == 900, 60,
+           "both sources to be cached")
+
+    def langs(name: str) -> set[str]:
+        return {Path(s.path).parent.name for s in d.catalog.shards() if s.source == name}
+    assert langs("en") == {"lang=en"} and langs("ende") == {"lang=en", "lang=de"}
+    assert not d.catalog.removed_files()
+    assert {s.name: s.filter for s in sources_of(d)} == {"en": "lang = 'en'", "ende": "lang in ('en', 'de')"}
+    m = Manifest.from_json(json.loads(asyncio.run(d.epochs.manifest(0))))
+    names = m.source_names()
+    assert sorted(names) == ["en", "ende"]
+    rows = dict.fromkeys(names, 0)
+    for i, r in zip(m.source_of(), m.table()[:, 1]):
+        rows[names[i]] += int(r)
+    assert rows == {"en": 600, "ende": 900}
+    pq.write_table(pa.table({"id": np.arange(9000, 9100, dtype=np.int64)}), lake / "lang=en" / "part-2.parquet")
+    for s in d.sources.values():
+        s.scheduler.discover_soon()
+    _until(lambda: d.catalog.resident("en").rows == 700 and d.catalog.resident("ende").rows == 1000, 60,
+           "the appended file in both")
+    # while running (SIGHUP, PATCH): a third filter of the table added; a kept source's filter cannot change
+    from samplecache_service.errors import Conflict
+    url, third = f"file://{lake}/", 1 / 3
+    filters = {"en": "lang = 'en'", "ende": "lang in ('en', 'de')"}
+    with pytest.raises(Conflict, match=r"\['en'\] would change filter"):
+        d.set_sources({"en": (url, 0.5), "ende": (url, 0.5)}, {**filters, "en": "lang = 'de'"})
+    got = d.set_sources({"en": (url, third), "ende": (url, third), "fr": (url, third)},
+                        {**filters, "fr": "lang = 'fr'"})
+    assert got["added"] == ["fr"]
+    _until(lambda: d.catalog.resident("fr").rows == 300, 60, "the added filter of the table")
+    assert d.catalog.resident("en").rows == 700 and d.catalog.resident("ende").rows == 1000
+
+
+def test_sources_of_one_root_need_filters_of_their_own(tmp_path: Path) -> None:
+    for specs in ({"a": {"url": f"file://{tmp_path}/x/"}, "b": {"url": f"file://{tmp_path}/x/", "filter": "k = 1"}},
+                  {"a": {"url": f"file://{tmp_path}/x/", "filter": "k = 1"},
+                   "b": {"url": f"file://{tmp_path}/x/", "filter": "k = 1"}}):
+        with pytest.raises(StartupError, match="'a' and 'b' lie one within the other.*each its own filter"):
+            Daemon(Settings(cache_dir=tmp_path / "cache", sources=specs))
+
+
+def test_a_sources_own_filter_wins_over_the_flag(tmp_path: Path) -> None:
+    from samplecache_service.config.file import load
+    s = Settings(sources={"a": {"url": "s3://t/", "filter": "k = 1"}, "b": "s3://t2/"}, filter="k = 2")
+    assert s.source_filters() == {"a": "k = 1", "b": "k = 2"}
+    assert Settings(source="s3://t/", filter="k = 3").source_filters() == {"default": "k = 3"}
+    config = tmp_path / "samplecache.toml"
+    config.write_text('[sources.en]\nurl = "s3://lake/t/"\nfilter = "lang = \'en\'"\nshare = 0.5\n'
+                      '[sources.de]\nurl = "s3://lake/t/"\nfilter = "lang = \'de\'"\n')
+    got = load({}, config).settings
+    assert got.source_filters() == {"en": "lang = 'en'", "de": "lang = 'de'"}
+    assert got.named_sources() == {"en": ("s3://lake/t/", 0.5), "de": ("s3://lake/t/", 0.5)}

@@ -63,19 +63,25 @@ async def resume(d: DaemonDep) -> Any:
 
 def _config(d: Any) -> dict[str, Any]:
     return {**d.runtime_config(),
-            "sources": {n: {"url": s.shown, "share": s.share.fraction} for n, s in d.sources.items()}}
+            "sources": {n: {"url": s.shown, "share": s.share.fraction, "filter": d.filters.get(n)}
+                        for n, s in d.sources.items()}}
 
 
-def _named(body: dict[str, Any]) -> dict[str, tuple[str, float]]:
-    """The sources a PATCH names, resolved. errors.Conflict, naming the field, never echoing the value: a name that
-    is not one, an entry that is not {url, share}, a URL that is not a remote store's (a local or chained one could
-    name a path on the daemon's disk), shares that do not add up."""
+def _named(body: dict[str, Any]) -> tuple[dict[str, tuple[str, float]], dict[str, str | None]]:
+    """The sources a PATCH names, resolved, and their filters. errors.Conflict, naming the field, never echoing the
+    value: a name that is not one, an entry that is not {url, share, filter}, a URL that is not a remote store's (a
+    local or chained one could name a path on the daemon's disk), shares that do not add up."""
     specs = {}
     for name, spec in body.items():
         if not SOURCE_NAME.match(name):
             raise Conflict("sources: a source name is 1-64 characters of a-z, 0-9, _ and -")
-        if not isinstance(spec, dict) or set(spec) - {"url", "share"} or not isinstance(spec.get("url"), str):
-            raise Conflict(f"sources.{name}: must be an object of url (a string) and share (a number or null)")
+        if not isinstance(spec, dict) or set(spec) - {"url", "share", "filter"} \
+                or not isinstance(spec.get("url"), str):
+            raise Conflict(f"sources.{name}: must be an object of url (a string), share (a number or null) and "
+                           f"filter (a string or null)")
+        got = spec.get("filter")
+        if got is not None and (not isinstance(got, str) or not 0 < len(got) <= 4096):
+            raise Conflict(f"sources.{name}.filter: must be a partition filter of 1-4096 characters, or null")
         share = spec.get("share")
         if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
                                   or not 0 < share <= 1):
@@ -84,9 +90,9 @@ def _named(body: dict[str, Any]) -> dict[str, tuple[str, float]]:
             raise Conflict(f"sources.{name}.url: must be a remote store's URL ({', '.join(REMOTE_PROTOCOLS)}), "
                            f"not chained: a local one could name a path on the daemon's disk, which no request may; "
                            f"add such a source in the config file and reload it (SIGHUP)")
-        specs[name] = SourceSpec(url=spec["url"], share=share)
+        specs[name] = SourceSpec(url=spec["url"], share=share, filter=got)
     try:
-        return resolve_sources("", specs, {})
+        return resolve_sources("", specs, {}), {n: s.filter for n, s in specs.items()}
     except ValueError as e:
         raise Conflict(f"sources: {e}") from None
 
@@ -114,7 +120,7 @@ async def patch_config(d: DaemonDep, body: ConfigIn) -> Any:
     """Change the budget, eviction policy, free-disk guard, epoch cap, pacing or the sources at runtime (until
     restart)."""
     if body.sources is not None:
-        await asyncio.to_thread(d.set_sources, _named(body.sources))
+        await asyncio.to_thread(d.set_sources, *_named(body.sources))
     await asyncio.wrap_future(d.configure(  # errors.Invalid / Conflict: mapped to statuses in api.py
         max_bytes=_size("max_bytes", body.max_bytes), policy=body.eviction_policy,
         min_free_disk=_size("min_free_disk", body.min_free_disk), epoch_max_samples=body.epoch_max_samples,
