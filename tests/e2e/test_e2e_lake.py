@@ -315,3 +315,44 @@ def test_a_table_that_takes_on_deletion_vectors_is_not_served_until_it_drops_the
     assert "deletionVectors" in status["last_error"], status["last_error"]
     r = get(d.url + "/v1/epochs/0?min_samples=1&timeout=2")
     assert r.status == 503 and "deletionVectors" in r.json()["detail"], r.body
+
+
+def test_a_mixture_of_sources_that_are_filters_of_one_table(s3: Any, prefix: str, tmp_path: Path,
+                                                           get: Callable[..., Any], until: Callable[..., Any]) -> None:
+    """One Delta table on S3 (partitioned by lang), two sources in the config file that are filters of it: each
+    holds exactly its partitions' live rows, and a job reads the exact mixture of the two (each epoch's rows of
+    each lang are the mixture's count of its source, all live rows of the table, none twice)."""
+    pytest.importorskip("deltalake")
+    from samplecache import SampleCacheDataset, SampleCacheLoader
+    from samplecache_tools.launch import DaemonProcess
+
+    uri, opts = f"s3://{prefix}/table", s3_options(s3)
+    write_delta(uri, delta_rows(0, 90, ["en", "en", "de"]), tmp_path, partition_by=["lang"], options=opts)
+    write_delta(uri, delta_rows(1000, 30, ["fr"]), tmp_path, partition_by=["lang"], options=opts)
+    live = live_rows(uri, opts)
+    lang_of = dict(zip(live.column("id").to_pylist(), live.column("lang").to_pylist()))
+    config = tmp_path / "samplecache.toml"
+    config.write_text(f'[sources.en]\nurl = "{uri}"\nfilter = "lang = \'en\'"\n'
+                      f'[sources.de]\nurl = "{uri}"\nfilter = "lang = \'de\'"\n')
+    d = DaemonProcess(None, tmp_path / "cache", extra=["--config", str(config), "--samplers", "2"], env=s3.env(),
+                      log_path=tmp_path / "daemon.log")
+    d.start(timeout=60)
+    try:
+        def held() -> dict[str, Any]:
+            return {s["name"]: (s["samples"], s["filter"]) for s in get(d.url + "/v1/sources").json()}
+        until(lambda: held() == {"en": (60, "lang = 'en'"), "de": (30, "lang = 'de'")}, 90, "both filters cached")
+        ds = SampleCacheDataset(d.url, columns=["id", "lang"], mixture={"en": 0.5, "de": 0.5}, job="two-filters")
+        loader = SampleCacheLoader(ds, batch_size=10, num_workers=2)
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            ids = [int(i) for b in loader for i in b["id"]]
+            langs = [lang_of[i] for i in ids]
+            # de's 30 rows are the limit: 30 of each source, no sample twice, never a row outside its filter
+            assert sorted(set(langs)) == ["de", "en"] and langs.count("de") == langs.count("en") == 30, langs
+            assert len(set(ids)) == len(ids) == 60
+            assert ds.mixture_counts(epoch) == {"en": 30, "de": 30}
+        ds.close()
+        shards = get(d.url + "/v1/shards?limit=1000").json()["shards"]
+        assert {(s["source"], s["partitions"]["lang"]) for s in shards} == {("en", "en"), ("de", "de")}, shards
+    finally:
+        d.stop()

@@ -302,6 +302,7 @@ class JobEpochMap(BaseModel):
 
 class ShardOut(BaseModel):
     id: int
+    source: str = Field("default", description="The named source it was sampled for")
     path: str = Field(description="The remote file the shard's rows come from")
     row_group: int = Field(description="Its first row group")
     row_groups: int = Field(1, description="Consecutive row groups of the unit, from row_group")

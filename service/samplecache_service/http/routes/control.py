@@ -36,7 +36,8 @@ async def shards(d: DaemonDep, offset: Annotated[int, Query(ge=0, le=MAX_NUMBER)
     pinned = d.epochs.pinned_shards()
     page = all_shards[offset:offset + limit]
     return {"total": len(all_shards), "offset": offset, "limit": limit,
-            "shards": [{"id": s.id, "path": redact(s.path), "row_group": s.row_group, "row_groups": s.row_groups,
+            "shards": [{"id": s.id, "source": s.source, "path": redact(s.path), "row_group": s.row_group,
+                        "row_groups": s.row_groups,
                         "first_row": s.first_row, "rows": s.rows, "bytes": s.bytes,
                         "partitions": d.catalog.file(s.path).partitions,
                         "created": s.created, "last_used_epoch": s.last_used_epoch, "pinned": s.id in pinned}
