@@ -114,6 +114,7 @@ class Planner:
         self.seed, self.node_rank, self.num_nodes = seed, node_rank, num_nodes
         self.all_units = len(units)
         self.units = [u for u in units if node_of(u, num_nodes) == node_rank]
+        self.paths = {u.path for u in units}  # the files planned, on any node
         self._lock = threading.Lock()
         self.cycle, self.low, self.ahead, self.segments = 0, 0, set(), [len(self.units)]
         self.cycle_seed = seed
@@ -143,6 +144,7 @@ class Planner:
         """Join newly discovered units (this node's share) to the current cycle; returns how many."""
         mine = [u for u in units if node_of(u, self.num_nodes) == self.node_rank]
         with self._lock:
+            self.paths.update(u.path for u in units)
             self.all_units += len(units)
             if mine:
                 self.units.extend(mine)

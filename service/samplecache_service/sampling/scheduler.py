@@ -200,7 +200,7 @@ class Scheduler:
                 self.last_error = None
             elif self.planner is not None:
                 # and files another source of the same table read first (one filter inside the other's)
-                planned = {u.path for u in self.planner.units}
+                planned = self.planner.paths
                 new = sorted(set(new) | {p for p, i in files.items() if i.row_groups and p not in planned})
                 if new:
                     self.planner.add_units(build_units({p: files[p] for p in new}))

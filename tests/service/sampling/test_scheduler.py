@@ -956,3 +956,25 @@ def test_refresh_reason_recomputes_without_sampling(tmp_path: Path, paused: bool
     assert rig.sched.paused_reason == ("paused by request" if paused else
                                        "disk almost full: 5 bytes free < min_free_disk 1000")
     assert len(rig.samplers.submitted) == 1
+
+
+def test_a_listing_plans_only_files_not_planned_yet_on_any_node(tmp_path: Path) -> None:
+    """On one of two nodes, a file whose units are all the other node's is planned once, not found new again at
+    every listing (which would grow all_units and undo complete); a file another source of the same table read
+    into the catalog first (a file the discovery does not report as new) is planned at the next listing."""
+    listing = table(files=12, groups=1)
+    rig = Rig(tmp_path, listing, num_nodes=2, node_rank=0, discover_interval=60.0)
+    rig.turn()
+    planner = rig.sched.planner
+    assert planner is not None and planner.all_units == 12 and 0 < len(planner) < 12  # some are the other node's
+    assert planner.paths == set(listing)
+    for _ in range(3):
+        rig.clock.advance(61.0)
+        rig.turn()
+    assert planner.all_units == 12 and planner.paths == set(listing)
+    extra = table(files=1, groups=2, prefix="g", seq=20)
+    for p, info in extra.items():  # read by another source: in the catalog, yet not new to this discovery
+        rig.catalog.set_file(p, info)
+    rig.clock.advance(61.0)
+    rig.turn()
+    assert planner.all_units == 14 and planner.paths == set(listing) | set(extra)
