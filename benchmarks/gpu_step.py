@@ -17,9 +17,10 @@ For each worker count, in one run:
    and the model are as fast as each other at 1.0, the hardest case for hiding the feed;
 4. ``train``: ``--epochs`` epochs of loader + step. CUDA events on the training stream mark each step's start
    (once its batch is handed over: the stream has queued the wait for its copy) and end. The GPU waits between
-   the end of one step and the start of the next; ``wait`` = that time over the whole run's time (the goal is
-   under 5%). ``overlap`` = (loader + step - train) / min(loader, step) per batch: 1 when the feed hides fully
-   behind the step, 0 when they run one after the other.
+   the end of one step and the start of the next; ``wait`` = those gaps over the steps' span (gaps + steps,
+   within each epoch: an epoch's first batch is not counted; the goal is under 5%). ``overlap`` = (loader + step
+   - train) / min(loader, step) per batch: 1 when the feed hides fully behind the step, 0 when they run one after
+   the other.
 
 Every epoch is verified (count, sum of ``y`` and the checksum of ``x``, summed on the GPU, against the Parquet
 truth). ``--device cpu`` runs the same on the CPU with wall-clock marks (a smoke run of the code, not a figure).
@@ -122,7 +123,7 @@ def calibrate(target_ms: float, x: Any) -> tuple[int, float]:
     return depth, step_ms(depth, x)
 
 
-def epoch_pass(ds: Any, dl: Any, epoch: int, cuda: bool, model: Any = None, opt: Any = None,
+def epoch_pass(ds: Any, dl: Any, epoch: int, model: Any = None, opt: Any = None,
                marks: Marks | None = None) -> tuple[dict[str, int], int]:
     """One epoch through ``dl`` (with a step per batch if ``model``); its tally and batches."""
     import torch
@@ -182,14 +183,14 @@ def run_workers(ds_args: tuple[str, int], workers: int, truth: dict[str, int], s
             if got != truth:
                 raise RuntimeError(f"epoch {epoch}: got {got}, expected {truth}")
 
-        got, batches = epoch_pass(ds, dl, epoch, cuda)  # warm-up: workers started, pages mapped
+        got, batches = epoch_pass(ds, dl, epoch)  # warm-up: workers started, pages mapped
         verified(got)
         sync(device)
         times = []
         for _ in range(epochs):
             epoch += 1
             t0 = time.perf_counter()
-            got, batches = epoch_pass(ds, dl, epoch, cuda)
+            got, batches = epoch_pass(ds, dl, epoch)
             sync(device)
             times.append(time.perf_counter() - t0)
             verified(got)
@@ -207,7 +208,7 @@ def run_workers(ds_args: tuple[str, int], workers: int, truth: dict[str, int], s
                 marks = Marks(cuda)
                 sync(device)
                 t0 = time.perf_counter()
-                got, batches = epoch_pass(ds, dl, epoch, cuda, model, opt, marks)
+                got, batches = epoch_pass(ds, dl, epoch, model, opt, marks)
                 sync(device)
                 wall += time.perf_counter() - t0
                 verified(got)

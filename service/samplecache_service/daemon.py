@@ -138,7 +138,8 @@ class Daemon:
         several = len(self.named) > 1 or DEFAULT_SOURCE not in self.named
         for name, (url, fraction) in self.named.items():
             try:
-                self.sources[name] = self._make_source(name, url, fraction, remotes[name], several)
+                self.sources[name] = self._make_source(name, url, fraction, remotes[name], several,
+                                                       self.filters.get(name, self.settings.filter))
             except (SchemaConflict, FilterError) as e:
                 self._close()
                 raise StartupError(f"source {name!r}: {e}" if several else str(e)) from None
@@ -207,12 +208,13 @@ class Daemon:
     def evicted_shards(self) -> int:
         return sum(s.scheduler.evicted_shards for s in list(self.sources.values()))
 
-    def _make_source(self, name: str, url: str, fraction: float, remote: FsspecRemote, several: bool) -> Source:
+    def _make_source(self, name: str, url: str, fraction: float, remote: FsspecRemote, several: bool,
+                     partition_filter: str | None) -> Source:
         """One named source's parts (raises SchemaConflict or FilterError from its discovery)."""
         s = self.settings
         owns = owner_of(remote) if several else None
         discovery = Discovery(remote, self.catalog, self.writer, s.columns, s.part_bytes, s.schema_file,
-                              self.filters.get(name, s.filter), source=name, owns=owns)
+                              partition_filter, source=name, owns=owns)
         share = ShareOf(self.budget, fraction)
         shown = redact(url)
         scheduler = Scheduler(s, self.catalog, self.writer, self.disk, self.traffic, self.supervisor, share, discovery,
@@ -239,8 +241,10 @@ class Daemon:
         pins them. Raises errors.Conflict (nothing changed) with what is wrong."""
         with self._sources_lock:
             old = dict(self.sources)
-            wanted = {n: (filters or {}).get(n) or self.settings.filter for n in named}
-            moved = [n for n in named if n in old and wanted[n] != self.filters.get(n, self.settings.filter)]
+            given, default = filters or {}, self.settings.filter
+            wanted = {n: (given[n] or default) if n in given else self.filters.get(n, default) if n in old else default
+                      for n in named}
+            moved = [n for n in named if n in old and wanted[n] != self.filters.get(n, default)]
             if moved:
                 raise Conflict(f"source(s) {moved} would change filter: a source's filter is fixed while the daemon "
                                f"runs (its cached sample is of that filter); add the new filter under another name")
@@ -250,12 +254,11 @@ class Daemon:
                 check_sources(self.catalog, self.writer, {n: u for n, (u, _) in named.items() if n not in old})
             except StartupError as e:
                 raise Conflict(str(e)) from None
-            self.filters = {**self.filters, **wanted}
             added = {}
             for n, (url, fraction) in named.items():
                 if n not in old:
                     try:
-                        added[n] = self._make_source(n, url, fraction, remotes[n], several)
+                        added[n] = self._make_source(n, url, fraction, remotes[n], several, wanted[n])
                     except (SchemaConflict, FilterError) as e:
                         raise Conflict(f"source {n!r}: {e}") from None
             reshared = [n for n in named if n in old and named[n][1] != old[n].share.fraction]
@@ -268,6 +271,7 @@ class Daemon:
                         if found is not None:
                             found.owns = owns
             self.sources = {n: old[n] if n in old else added[n] for n in named}
+            self.filters = {**self.filters, **wanted}
             removed = [n for n in old if n not in named]
             for n in removed:
                 old[n].stopping.set()

@@ -45,9 +45,14 @@ FOOTER_THREADS = 8
 
 
 def owner_of(remote: RemoteStore) -> Callable[[str], bool]:
-    """Whether a listed path is one of ``remote``'s files: it lies under its root (a glob: under its fixed part)."""
-    prefix = re.split(r"[*?\[]", str(getattr(remote, "root", "")))[0]
-    return lambda path: path.startswith(prefix)
+    """Whether a listed path is one of ``remote``'s files: it is its root (one file) or lies under it, a folder
+    boundary apart (``b/t`` owns ``b/t/x``, not ``b/t2/x``); a glob's: under its fixed part."""
+    root = str(getattr(remote, "root", ""))
+    prefix = re.split(r"[*?\[]", root)[0]
+    if prefix != root:
+        return lambda path: path.startswith(prefix)
+    base = root.rstrip("/")
+    return lambda path: path == base or path.startswith(base + "/")
 
 
 class Discovery:
@@ -78,9 +83,7 @@ class Discovery:
         self.parquet_files = 0
         self.others: list[str] = []
         self.listed_at: float | None = None
-        # files the last listing found gone from the table, or cached ones its filter leaves out (their shards are
-        # to be evicted)
-        self.removed_now = 0
+        self.removed_now = 0  # files the last listing found gone from the table (their shards are to be evicted)
         self.refused: str | None = None  # why the table's newest version cannot be served (a feature it took on)
         self.pinned = load_schema_file(schema_file) if schema_file else None
         if self.pinned is not None:
@@ -136,6 +139,9 @@ class Discovery:
     def run(self) -> list[str]:
         """List the source; record the new files (units or quarantine), and look again at quarantined files that
         changed (size/ETag/mtime) or were released by hand. Returns the paths whose units are new."""
+        # what the catalog held before this listing: a file another source of the table records meanwhile (from a
+        # newer version) is not taken for one that left the table
+        before = self._known() if self.schema is not None else {}
         try:
             listed = self.remote.list_files()
         except TableRefused as e:
@@ -149,10 +155,11 @@ class Discovery:
         parts = {p: self.remote.partitions(p) for p in listed}
         self._types = self._partition_types(parts)
         paths = self._filtered(listed, parts)
+        self.outside_files = frozenset(listed).difference(paths)  # before listed_at: ready() reads both
         others = list(getattr(self.remote, "others", []) or [])
         sigs: dict[str, str] = getattr(self.remote, "signatures", {}) or {}
         # before the dataset has a schema, every file is looked at again (a failed start decided nothing)
-        known = self._known() if self.schema is not None else {}
+        known = {**before, **self._known()} if self.schema is not None else {}
         new = [p for p in paths if p not in known]
         if new or others != self.others:  # once per change: files that are not Parquet are skipped, and said so
             root = str(getattr(self.remote, "root", ""))
@@ -164,8 +171,7 @@ class Discovery:
         # place: its footer, size and units are read anew, so that no sampler reads it at its old size)
         again = [p for p in paths if p in known and (known[p].quarantined and known[p].recheck or (
             sigs.get(p) and known[p].signature not in (None, sigs.get(p))))]
-        self.outside_files = frozenset(listed).difference(paths)
-        self.removed_now = self._prune(listed, known) + len(self.outside_files.intersection(known))
+        self.removed_now = self._prune(listed, before)
         if not new and not again:
             return []
         seq = 1 + max((i.seq for i in self.catalog.files().values()), default=0)  # over every source's files

@@ -92,7 +92,7 @@ class Scheduler:
         self._skips = 0
         self._files_seen = -1
         # (files version, units here) -> quarantined files with no units here, and files with units here
-        self._unread: tuple[tuple[int, int], list[str], int] = ((-1, -1), [], 0)
+        self._unread: tuple[tuple[int, int, int], list[str], int] = ((-1, -1, -1), [], 0)
         self._deferred: Backoff[Pick | Slot] = Backoff(self.clock)  # units waiting out their backoff
         self._backoff_until = self._held_retry_at = self._next_discovery = 0.0
         self._retrying = 0  # held results re-submitted and not answered yet
@@ -152,11 +152,12 @@ class Scheduler:
         """Quarantined files with no units here (their footer could not be read, so their row groups are not
         known), and how many files have units here; counted again only when the files or the units change."""
         assert self.planner is not None
-        key = (self.catalog.files_version, len(self.planner))
+        outside = self._outside()  # replaced at each listing
+        key = (self.catalog.files_version, len(self.planner), id(outside))
         if self._unread[0] != key:
             planned = {u.path for u in self.planner.units}
-            unread = sorted(p for p, i in self.catalog.files().items()
-                            if i.quarantined and not i.row_groups and p not in planned and self.owns(p))
+            unread = sorted(p for p, i in self.catalog.files().items() if i.quarantined and not i.row_groups
+                            and p not in planned and self.owns(p) and p not in outside)
             self._unread = (key, unread, len(planned))
         return self._unread[1], self._unread[2]
 

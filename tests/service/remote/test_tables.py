@@ -228,3 +228,15 @@ def test_a_table_source_leaves_another_sources_files_alone(tmp_path: Path, cache
     assert info is not None and info["removed_files"] == len(gone)
     d_plain.run()
     assert d_plain.removed_now == 0 and catalog.removed_files() == set(gone)
+
+
+def test_a_source_owns_the_files_under_its_root_a_folder_boundary_apart(tmp_path: Path) -> None:
+    """``b/t`` owns ``b/t/x`` and itself (one file), never ``b/t2/x``: a table source beside a source whose root
+    only starts with the same letters leaves its files alone; a glob owns what lies under its fixed part."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t2").mkdir()
+    owns = owner_of(FsspecRemote(f"file://{tmp_path}/t/"))
+    assert owns(f"{tmp_path}/t/part-0.parquet") and owns(f"{tmp_path}/t/lang=en/part-0.parquet")
+    assert not owns(f"{tmp_path}/t2/part-0.parquet") and not owns(f"{tmp_path}/tx")
+    globbed = owner_of(FsspecRemote(f"file://{tmp_path}/t*/part-*.parquet"))
+    assert globbed(f"{tmp_path}/t2/part-0.parquet") and not globbed(f"{tmp_path}/u/part-0.parquet")

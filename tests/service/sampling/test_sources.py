@@ -301,9 +301,9 @@ def test_sources_that_are_filters_of_one_table_each_keep_their_own(run: Callable
     filters = {"en": "lang = 'en'", "ende": "lang in ('en', 'de')"}
     with pytest.raises(Conflict, match=r"\['en'\] would change filter"):
         d.set_sources({"en": (url, 0.5), "ende": (url, 0.5)}, {**filters, "en": "lang = 'de'"})
-    got = d.set_sources({"en": (url, third), "ende": (url, third), "fr": (url, third)},
-                        {**filters, "fr": "lang = 'fr'"})
-    assert got["added"] == ["fr"]
+    got = d.set_sources({"en": (url, third), "ende": (url, third), "fr": (url, third)}, {"fr": "lang = 'fr'"})
+    assert got["added"] == ["fr"]  # the kept sources named no filter: they keep their own
+    assert {s.name: s.filter for s in sources_of(d)} == {**filters, "fr": "lang = 'fr'"}
     _until(lambda: d.catalog.resident("fr").rows == 300, 60, "the added filter of the table")
     assert d.catalog.resident("en").rows == 700 and d.catalog.resident("ende").rows == 1000
 

@@ -93,7 +93,8 @@ def _named(body: dict[str, Any]) -> tuple[dict[str, tuple[str, float]], dict[str
                            f"add such a source in the config file and reload it (SIGHUP)")
         specs[name] = SourceSpec(url=spec["url"], share=share, filter=got)
     try:
-        return resolve_sources("", specs, {}), {n: s.filter for n, s in specs.items()}
+        # a source that names no filter keeps its own (a kept one) or takes --filter's (a new one)
+        return resolve_sources("", specs, {}), {n: specs[n].filter for n, spec in body.items() if "filter" in spec}
     except ValueError as e:
         raise Conflict(f"sources: {e}") from None
 
