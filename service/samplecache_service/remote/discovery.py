@@ -171,7 +171,7 @@ class Discovery:
         # place: its footer, size and units are read anew, so that no sampler reads it at its old size)
         again = [p for p in paths if p in known and (known[p].quarantined and known[p].recheck or (
             sigs.get(p) and known[p].signature not in (None, sigs.get(p))))]
-        self.removed_now = self._prune(listed, before)
+        self.removed_now = self._prune(listed, {p: known[p] for p in before})  # their newest records
         if not new and not again:
             return []
         seq = 1 + max((i.seq for i in self.catalog.files().values()), default=0)  # over every source's files
