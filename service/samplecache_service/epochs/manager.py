@@ -61,7 +61,11 @@ def build_manifest(epoch: int, shards: Columns, schema: dict[str, Any], lmdb_pat
     own = [shards.sources[i] for i in np.unique(shards.source).tolist()]
     if set(named) <= {DEFAULT_SOURCE} and set(own) <= {DEFAULT_SOURCE}:
         named = {}
-    index = np.array([sorted(named).index(n) if n in named else -1 for n in shards.sources] or [0], np.int64)
+    missing = sorted(set(own) - set(named)) if named else []
+    if missing:  # a shard the manifest could not say the source of: never sealed with a made-up index
+        raise ValueError(f"epoch {epoch} names shards of source(s) {missing} it has no entry for (its sources: "
+                         f"{sorted(named)})")
+    index = np.array([sorted(named).index(n) if n in named else 0 for n in shards.sources] or [0], np.int64)
     table = np.stack([shards.id, shards.rows, shards.bytes, shards.rows_per_block], axis=1)
     new = ~np.isin(shards.id, previous, assume_unique=True)
     return Manifest(
@@ -156,10 +160,15 @@ class EpochManager:
             if not raw:
                 return frozenset()  # not sealed, or no longer kept: never cached as "no shards"
             got = self._ids[epoch] = frozenset(self._named(epoch, raw).tolist())
-            kept = set(self.catalog.epochs())
-            for e in [e for e in self._ids if e not in kept]:
-                del self._ids[e]
+            self._forget_dropped()
         return got
+
+    def _forget_dropped(self) -> None:
+        """Drop the cached ids of epochs no longer kept (their manifests were pruned)."""
+        kept = set(self.catalog.epochs())
+        for cache in (self._ids, self._id_arrays):
+            for e in [e for e in cache if e not in kept]:
+                del cache[e]
 
     def _named(self, epoch: int, raw: bytes | None = None) -> np.ndarray:
         """The ids of the shards ``epoch`` names, ascending (empty when it is not sealed or no longer kept)."""
@@ -278,10 +287,7 @@ class EpochManager:
         raw = await asyncio.wrap_future(self.writer.seal(epoch, build, self.rules.keep_last, self.kept_epochs))
         if made:
             self._id_arrays[epoch] = made[0].table()[:, 0]  # the next seal's "previous": never parsed back
-            kept = set(self.catalog.epochs())
-            for cache in (self._ids, self._id_arrays):
-                for e in [e for e in cache if e not in kept]:
-                    del cache[e]
+            self._forget_dropped()
             log.info("epoch %d sealed: %d shards, %d samples", epoch, len(made[0].table()), made[0].samples,
                      extra={"event": "epoch_sealed", "epoch": epoch, "rows": made[0].samples})
         self._sealed_from = {epoch: key} if cap <= 0 else {}

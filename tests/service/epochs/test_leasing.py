@@ -156,3 +156,20 @@ def test_a_lease_end_writes_its_record_and_the_job_table_in_one_commit(cache: Ca
     cache.writer.submit(lambda txn: None).result()
     assert cache.writer.commits - commits == 2  # the release, and the no-op just above
     assert "jobs" in cache.meta_keys() and LEASE_PREFIX + lease.id not in cache.meta_keys()
+
+
+def test_a_manifest_never_names_a_shard_of_a_source_it_has_no_entry_for() -> None:
+    """Each shard's source is an index into the manifest's sources: a shard of a source left out of them is a
+    refusal naming it, not an index the client would misread."""
+    from samplecache_service.store.catalog import Shard
+
+    table = ShardTable()
+    for sid, source in ((1, "web"), (2, "code"), (3, "math")):
+        table.add(Shard(id=sid, key=f"k{sid}", path="a", row_group=0, unit=sid, cycle=0, rows=5, bytes=50,
+                        rows_per_block=5, blocks=1, created=0.0, source=source))
+    sources = {n: {"url": f"s3://b/{n}/"} for n in ("web", "code")}
+    with pytest.raises(ValueError, match=r"source\(s\) \['math'\].*its sources: \['code', 'web'\]"):
+        build_manifest(4, table.columns(), {}, "x", 1 << 26, 0, "s3://b/", np.zeros(0, np.int64), sources=sources)
+    got = build_manifest(4, table.columns().take(np.array([0, 1])), {}, "x", 1 << 26, 0, "s3://b/",
+                         np.zeros(0, np.int64), sources=sources)
+    assert got.source_of().tolist() == [1, 0] and got.source_names() == ["code", "web"]
