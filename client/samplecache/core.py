@@ -371,9 +371,10 @@ class Reader:
     @staticmethod
     def _sample_items(plan: EpochPlan, stream: Stream, start: int, prefetch: int, threads: int
                       ) -> Iterator[tuple[int, dict[str, Any]]]:
+        size = plan.read_chunk(stream.order.spread)
         chunks = (plan.reader.batch(plan.ids[idx], plan.rows_per_block[idx], rows, plan.cols, threads=threads)
-                  for idx, rows in stream.chunks(start, chunk=plan.chunk, first=FIRST_CHUNK))
-        for chunk in prefetched(chunks, ahead(prefetch, plan.chunk * plan.sample_bytes)):
+                  for idx, rows in stream.chunks(start, chunk=size, first=FIRST_CHUNK))
+        for chunk in prefetched(chunks, ahead(prefetch, size * plan.sample_bytes)):
             for sample in split_batch(chunk):
                 yield 1, sample
 

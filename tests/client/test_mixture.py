@@ -222,9 +222,10 @@ def test_the_same_seed_and_epoch_give_the_same_order_and_others_do_not(mix) -> N
 
 
 @pytest.mark.parametrize("mix", MIXES)
-@pytest.mark.parametrize("shuffle, window", [(True, 0), (True, 16), (False, 0)])
-def test_span_runs_and_positions_agree_across_chunks_and_past_the_end(mix, shuffle, window) -> None:
-    o = mixed(mix, shuffle=shuffle, window=window, chunk=50)
+@pytest.mark.parametrize("shuffle, window, epoch_samples", [(True, 0, None), (True, 16, None), (False, 0, None),
+                                                           (True, 0, 2500), (True, 16, 2500)])
+def test_span_runs_and_positions_agree_across_chunks_and_past_the_end(mix, shuffle, window, epoch_samples) -> None:
+    o = mixed(mix, shuffle=shuffle, window=window, chunk=50, epoch_samples=epoch_samples)
     rng = np.random.default_rng(2)
     whole = o.span(0, o.total)
     for _ in range(60):
@@ -249,6 +250,21 @@ def test_a_stream_reads_a_mixed_order_like_an_epoch_order() -> None:
     g = np.concatenate([np.arange(x, y) for x, y in batches.tolist()])
     want = o.positions(g)
     assert np.array_equal(idx, want[0]) and np.array_equal(rows, want[1])
+
+
+@pytest.mark.parametrize("mix", MIXES)
+def test_a_single_ranks_stream_reads_its_range_as_spans(mix) -> None:
+    """One range (a rank alone, no workers): read a chunk at a time through ``span``, the same positions and the
+    same per-source counts as position by position."""
+    o = mixed(mix, epoch_samples=3000, chunk=64)
+    stream = Stream(o, np.array([[5, o.total + 40]]))  # type: ignore[arg-type]
+    idx = np.concatenate([i for i, _ in stream.chunks(chunk=97)])
+    rows = np.concatenate([r for _, r in stream.chunks(chunk=97)])
+    want = o.positions(np.arange(5, o.total + 40))
+    assert np.array_equal(idx, want[0]) and np.array_equal(rows, want[1])
+    counts = Counter(o.names[s] for s in o.source_of[idx].tolist())
+    assert o.source_counts(np.arange(5, o.total + 40)) == dict(counts)
+    assert o.source_counts(np.arange(o.total)) == o.counts
 
 
 def test_a_single_source_reads_what_its_epoch_order_reads() -> None:

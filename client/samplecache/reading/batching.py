@@ -23,17 +23,17 @@ BATCH_ALONE_BYTES = 1 << 20  # a batch at least this large is gathered on its ow
 Make = Callable[[EpochPlan, np.ndarray, np.ndarray, int], Iterator[tuple[int, Any]]]
 
 
-def group_samples(plan: EpochPlan, batch: int, unit: int) -> int:
-    """Positions read together: small batches about a chunk at a time, large ones one unit at a time (so each
-    is written into memory the consumer just freed, still in the CPU's cache)."""
-    per_chunk = max(1, plan.chunk // batch) if batch * plan.sample_bytes < BATCH_ALONE_BYTES else 1
+def group_samples(plan: EpochPlan, batch: int, unit: int, spread: int = 1) -> int:
+    """Positions read together: small batches about a chunk at a time (``plan.read_chunk(spread)``), large ones
+    one unit at a time (so each is written into memory the consumer just freed, still in the CPU's cache)."""
+    per_chunk = max(1, plan.read_chunk(spread) // batch) if batch * plan.sample_bytes < BATCH_ALONE_BYTES else 1
     return max(unit, per_chunk * batch // unit * unit)
 
 
 def batch_groups(plan: EpochPlan, stream: Stream, start: int, batch: int, unit: int, drop_last: bool
                  ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
     """``stream.batch_groups`` from ``start``, ``group_samples`` positions at a time."""
-    return stream.batch_groups(start, batch, unit, group_samples(plan, batch, unit), drop_last)
+    return stream.batch_groups(start, batch, unit, group_samples(plan, batch, unit, stream.order.spread), drop_last)
 
 
 def gather_batches(plan: EpochPlan, idx: np.ndarray, rows: np.ndarray, batch: int, threads: int = 1,
@@ -58,7 +58,8 @@ def batch_items(plan: EpochPlan, stream: Stream, start: int, batch: int, unit: i
     groups = batch_groups(plan, stream, start, batch, unit, drop_last)
     if prefetch <= 0:
         return (x for i, r, u in groups for x in make(plan, i, r, u))
-    depth = ahead(prefetch, min(group_samples(plan, batch, unit), max(1, len(stream))) * plan.sample_bytes)
+    depth = ahead(prefetch, min(group_samples(plan, batch, unit, stream.order.spread), max(1, len(stream)))
+                  * plan.sample_bytes)
     return prefetched_groups((make(plan, i, r, u) for i, r, u in groups), depth)
 
 

@@ -112,6 +112,12 @@ class EpochPlan:
                 layouts.update((sid, lay) for sid in self.ids[self.source_of == s].tolist())
         self.reader.layouts = layouts
 
+    def read_chunk(self, spread: int = 1) -> int:
+        """Positions read per read transaction from an order whose neighbouring positions read ``spread`` shards
+        in turn (a mixture's sources): each shard keeps a one-source chunk's share, up to ``CHUNK_BYTES``. A chunk
+        reads every block its positions touch: a mixture's at ``chunk`` would read each block ``spread`` times."""
+        return int(min(self.chunk * max(1, spread), max(self.chunk, CHUNK_BYTES // self.sample_bytes)))
+
     def source_rows(self) -> dict[str, int]:
         """Each source's samples in this manifest."""
         got = np.bincount(self.source_of, weights=self.rows, minlength=len(self.source_names))

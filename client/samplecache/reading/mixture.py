@@ -25,7 +25,7 @@ import zlib
 from collections import OrderedDict
 from fractions import Fraction
 from math import gcd
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -204,7 +204,6 @@ class MixedOrder:
     interface). ``names[source_of[i]]`` is manifest index ``i``'s source; a source missing from ``weights`` has
     weight 0. ``epoch_samples``: the epoch's length (default: the largest with no source repeating a sample)."""
 
-    interleaved = True  # a stream reads it by positions, not by runs (they are a sample or two long)
 
     def __init__(self, ids: np.ndarray, rows: np.ndarray, source_of: np.ndarray, names: Sequence[str],
                  weights: Mapping[str, float], seed: int, epoch: int, shuffle: bool, window: int = 0,
@@ -225,6 +224,7 @@ class MixedOrder:
         self.stratum = int(stratum)
         active = [s for s in range(len(names)) if a[s] > 0]
         self.members = [np.flatnonzero(source_of == s) for s in active]
+        self.spread = max(1, len(active))  # neighbouring positions read this many sources' shards in turn
         self.sources = [EpochOrder(ids[m], rows[m], _source_seed(seed, names[s]), epoch, shuffle, window)
                         for s, m in zip(active, self.members)]
         aw = [a[s] for s in active]
@@ -247,38 +247,62 @@ class MixedOrder:
         # prefix[c, s]: positions before chunk c labelled s (source-local index of the chunk's first s)
         self.prefix = np.zeros((len(per_chunk) + 1, len(active)), np.int64)
         np.cumsum(per_chunk, axis=0, out=self.prefix[1:])
-        self._chunks: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._labels: OrderedDict[int, np.ndarray] = OrderedDict()  # chunk -> its positions' labels
+        self._locals: OrderedDict[int, np.ndarray] = OrderedDict()  # chunk -> each position's index among its label's
+        self._cursor = (-1, 0, np.zeros(len(active), np.int64))  # (chunk, offset, labels before it): where span ended
 
     def __len__(self) -> int:
         return self.total
 
-    def _make_chunk(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """Chunk ``c``'s labels and each position's index among the chunk's positions of its label."""
+    def _make_labels(self, c: int) -> np.ndarray:
+        """Chunk ``c``'s labels."""
         size = min(self.chunk, self.total - c * self.chunk)
         counts = self.prefix[c + 1] - self.prefix[c]
         rng = _rng(self.seed, self.epoch, _LABELS, c)
         if self._blocks is None:
-            labels = rng.permutation(np.repeat(self._label, counts))
+            return rng.permutation(np.repeat(self._label, counts))
+        B, per = self.stratum, self.chunk // self.stratum
+        blocks = self._blocks[c * per:(c + 1) * per]
+        labels = np.repeat(np.tile(self._label, len(blocks)), blocks.ravel())
+        full = size // B
+        labels[:full * B] = rng.permuted(labels[:full * B].reshape(full, B), axis=1).ravel()
+        labels[full * B:] = rng.permutation(labels[full * B:])
+        return labels
+
+    def _make_local(self, c: int) -> np.ndarray:
+        """Each position of chunk ``c``: its index among the chunk's positions of its label (what ``positions``
+        needs; ``span`` counts as it goes instead)."""
+        labels = self._labels_of(c)
+        counts = self.prefix[c + 1] - self.prefix[c]
+        local = np.empty(len(labels), np.int32)
+        local[np.argsort(labels, kind="stable")] = np.arange(len(labels)) - np.repeat(np.cumsum(counts) - counts,
+                                                                                       counts)
+        return local
+
+    @staticmethod
+    def _kept(cache: OrderedDict[int, np.ndarray], c: int, make: Callable[[int], np.ndarray]) -> np.ndarray:
+        got = cache.get(c)
+        if got is None:
+            got = cache[c] = make(c)
+            if len(cache) > CACHED_CHUNKS:
+                cache.popitem(last=False)
         else:
-            B, per = self.stratum, self.chunk // self.stratum
-            blocks = self._blocks[c * per:(c + 1) * per]
-            labels = np.repeat(np.tile(self._label, len(blocks)), blocks.ravel())
-            full = size // B
-            labels[:full * B] = rng.permuted(labels[:full * B].reshape(full, B), axis=1).ravel()
-            labels[full * B:] = rng.permutation(labels[full * B:])
-        local = np.empty(size, np.int32)
-        local[np.argsort(labels, kind="stable")] = np.arange(size) - np.repeat(np.cumsum(counts) - counts, counts)
-        return labels, local
+            cache.move_to_end(c)
+        return got
+
+    def _labels_of(self, c: int) -> np.ndarray:
+        return self._kept(self._labels, c, self._make_labels)
 
     def _chunk_of(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        got = self._chunks.get(c)
-        if got is None:
-            got = self._chunks[c] = self._make_chunk(c)
-            if len(self._chunks) > CACHED_CHUNKS:
-                self._chunks.popitem(last=False)
-        else:
-            self._chunks.move_to_end(c)
-        return got
+        return self._labels_of(c), self._kept(self._locals, c, self._make_local)
+
+    def _before(self, c: int, o: int, labels: np.ndarray) -> np.ndarray:
+        """How many positions of chunk ``c`` before offset ``o`` each source labels (from where the last span
+        ended when it is there: a stream's spans follow each other)."""
+        at, done, counts = self._cursor
+        if at == c and done <= o:
+            return counts + np.bincount(labels[done:o], minlength=len(counts))
+        return np.bincount(labels[:o], minlength=len(counts))
 
     def _labelled(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each position's source (index into the weighted sources) and its index in that source's order."""
@@ -301,14 +325,18 @@ class MixedOrder:
         """How many of global positions ``g`` each weighted source holds (what a reader read, per source)."""
         if self.total == 0 or len(g) == 0:
             return {}
-        lab, _ = self._labelled(np.asarray(g, dtype=np.int64) % self.total)
-        got = np.bincount(lab, minlength=len(self.counts)).tolist()
-        return {name: int(n) for name, n in zip(self.counts, got) if n}
+        g = np.asarray(g, dtype=np.int64) % self.total
+        c = g // self.chunk
+        got = np.zeros(len(self.counts), np.int64)
+        for k in np.unique(c).tolist():
+            labels = self._labels_of(k)
+            got += np.bincount(labels[g[c == k] - k * self.chunk], minlength=len(got))
+        return {name: int(n) for name, n in zip(self.counts, got.tolist()) if n}
 
     def warm(self) -> None:
         """Make what the first batch needs now: the first chunk's labels, each source's first row order."""
         if self.total:
-            self._chunk_of(0)
+            self._labels_of(0)
             for o in self.sources:
                 o.warm()
 
@@ -331,8 +359,33 @@ class MixedOrder:
         return idx, rows
 
     def span(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """(manifest index, row) of the positions [a, b)."""
-        return self.positions(np.arange(a, b, dtype=np.int64))
+        """(manifest index, row) of the positions [a, b): per chunk of labels, each source's positions there are a
+        run of its order (they are its next ones), read as one ``span`` of it; no per-position arithmetic."""
+        n = b - a
+        if self.total == 0 or n <= 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        a %= self.total
+        if a + n > self.total:  # wraps past the end (padding): position by position
+            return self.positions(np.arange(a, a + n, dtype=np.int64))
+        idx, rows = np.empty(n, np.int64), np.empty(n, np.int64)
+        pos = a
+        while pos < a + n:
+            c = pos // self.chunk
+            end = min(a + n, (c + 1) * self.chunk)
+            labels = self._labels_of(c)
+            o0, o1 = pos - c * self.chunk, end - c * self.chunk
+            lab = labels[o0:o1]
+            before = self._before(c, o0, labels)
+            out_idx, out_rows = idx[pos - a:end - a], rows[pos - a:end - a]
+            for s, (order, members) in enumerate(zip(self.sources, self.members)):
+                sel = np.flatnonzero(lab == s)
+                if len(sel):
+                    j = int(self.prefix[c, s] + before[s])
+                    i, r = order.span(j, j + len(sel))
+                    out_idx[sel], out_rows[sel] = members[i], r
+            self._cursor = (c, o1, before + np.bincount(lab, minlength=len(before)))
+            pos = end
+        return idx, rows
 
     def runs(self, a: int, b: int, out: list[tuple[int, np.ndarray]]) -> None:
         """Append the positions [a, b) to ``out`` as (manifest index, rows) runs of equal manifest index (short

@@ -32,7 +32,7 @@ class GlobalOrder(Protocol):
 
     total: int
     window: int
-    interleaved: bool  # neighbouring positions come from several shards in turn: no runs to read shard by shard
+    spread: int  # shards neighbouring positions read in turn (a mixture: its sources; 1: runs, shard by shard)
 
     def __len__(self) -> int: ...
 
@@ -48,7 +48,7 @@ class GlobalOrder(Protocol):
 class EpochOrder:
     """Global position -> (manifest index, row) for one epoch of one manifest."""
 
-    interleaved = False
+    spread = 1
 
     def __init__(self, ids: np.ndarray, rows: np.ndarray, seed: int, epoch: int, shuffle: bool,
                  window: int = 0) -> None:

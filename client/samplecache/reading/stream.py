@@ -49,7 +49,12 @@ class Stream:
         if stop <= start:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         first, last = np.searchsorted(self.ends, [start, stop - 1], side="right").tolist()
-        if last - first < FEW_RANGES and not self.order.window and not self.order.interleaved and self.order.total:
+        if first == last and self.order.spread > 1:
+            # one range of a mixture (a single rank's stream): its sources' runs, not a position at a time
+            begin = int(self.ends[first] - self.lengths[first])
+            base = int(self.starts[first])
+            return self.order.span(base + start - begin, base + stop - begin)
+        if last - first < FEW_RANGES and not self.order.window and self.order.spread == 1 and self.order.total:
             # a few ranges (batches of neighbouring positions): each read shard by shard, as contiguous runs
             got: list[tuple[int, np.ndarray]] = []
             near = slice(first, last + 1)
