@@ -265,6 +265,8 @@ def test_a_single_ranks_stream_reads_its_range_as_spans(mix) -> None:
     counts = Counter(o.names[s] for s in o.source_of[idx].tolist())
     assert o.source_counts(np.arange(5, o.total + 40)) == dict(counts)
     assert o.source_counts(np.arange(o.total)) == o.counts
+    some = np.arange(70, 1900)  # a run across chunks: counted by slices, as position by position
+    assert o.source_counts(some) == dict(Counter(o.names[s] for s in o.source_of[o.positions(some)[0]].tolist()))
 
 
 def test_a_single_source_reads_what_its_epoch_order_reads() -> None:

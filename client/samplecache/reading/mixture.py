@@ -326,8 +326,13 @@ class MixedOrder:
         if self.total == 0 or len(g) == 0:
             return {}
         g = np.asarray(g, dtype=np.int64) % self.total
-        c = g // self.chunk
         got = np.zeros(len(self.counts), np.int64)
+        if len(g) > 1 and (np.diff(g) == 1).all():  # a run of positions (a single rank's): labels by slices
+            for k in range(int(g[0]) // self.chunk, int(g[-1]) // self.chunk + 1):
+                lo, hi = max(int(g[0]), k * self.chunk), min(int(g[-1]) + 1, (k + 1) * self.chunk)
+                got += np.bincount(self._labels_of(k)[lo - k * self.chunk:hi - k * self.chunk], minlength=len(got))
+            return {name: int(n) for name, n in zip(self.counts, got.tolist()) if n}
+        c = g // self.chunk
         for k in np.unique(c).tolist():
             labels = self._labels_of(k)
             got += np.bincount(labels[g[c == k] - k * self.chunk], minlength=len(got))
