@@ -48,6 +48,7 @@ from samplecache_service.store.cachedir import (
 from samplecache_service.store.cacheguard import INTERVAL_S, CacheGuard
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.disk import DiskSpace
+from samplecache_service.store.envgate import EnvGate
 from samplecache_service.store.eviction import EvictionPlan, plan_by_source
 from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.lmdbmap import open_cache_env
@@ -101,7 +102,8 @@ class Daemon:
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self.catalog = Catalog(self.env, self.dbs)
+        self.gate = EnvGate(self.env)  # HTTP handlers' reads of the environment: a stop closes it after them
+        self.catalog = Catalog(self.env, self.dbs, self.gate)
         self.writer = Writer(self.env, self.dbs, self.catalog)
         self.disk = DiskSpace(settings.cache_dir, self.env, self.dbs)
         self.cache_id = check_identity(self.catalog, self.writer, settings)
@@ -376,8 +378,11 @@ class Daemon:
         for t in self._threads:
             t.join(timeout=5)
         self.supervisor.stop(timeout=3)  # staged-but-not-ingested files stay for the next start
-        self.writer.close()
-        self.env.close()
+        still = [t.name for t in self._threads if t.is_alive()] + ([] if self.writer.close() else ["the writer"])
+        if not self.gate.close(timeout=5, others_done=not still):
+            # closing the environment under a thread inside it would crash the process: the exit frees it
+            log.error("the LMDB environment is left open at stop: %s", ", ".join(still) or "an HTTP request is "
+                      "still reading it", extra={"event": "stop_left_env_open"})
         self.guard.close()
         os.close(self._lock_fd)
 

@@ -229,7 +229,8 @@ class DaemonCollector:
 
     def _lmdb(self, d: "Daemon") -> Iterator[Metric]:
         use = lmdb_usage(d)
-        info = d.env.info()
+        with d.gate.using() as env:
+            info = env.info()
         yield _gauge("lmdb_map_used_bytes", "Bytes of the LMDB map in use (pages up to the last one used)",
                      use["used_bytes"])
         yield _gauge("lmdb_map_size_bytes", "The LMDB map size (derived from the budget)", use["map_size"])

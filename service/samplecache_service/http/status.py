@@ -27,7 +27,8 @@ def ingest_rate(d: "Daemon", window: float = 60.0) -> dict[str, float]:
 
 def lmdb_usage(d: "Daemon") -> dict[str, int]:
     """What the LMDB file really takes: its size on disk and the pages in use (freed pages are reused)."""
-    info, stat = d.env.info(), d.env.stat()
+    with d.gate.using() as env:
+        info, stat = env.info(), env.stat()
     data = d.settings.lmdb_path / "data.mdb"
     try:
         size = data.stat().st_size

@@ -29,6 +29,7 @@ import numpy as np
 
 from samplecache.format.manifest import Manifest, compact
 from samplecache_service.config.settings import DEFAULT_SOURCE
+from samplecache_service.store.envgate import EnvGate
 from samplecache_service.store.fileinfo import FileInfo
 from samplecache_service.store.shardtable import Columns, ShardTable
 
@@ -98,8 +99,10 @@ class CatalogState:
 class Catalog:
     """Thread-safe mirror of the shard table, epochs, files and meta."""
 
-    def __init__(self, env: lmdb.Environment, dbs: dict[bytes, Any]) -> None:
+    def __init__(self, env: lmdb.Environment, dbs: dict[bytes, Any], gate: EnvGate | None = None) -> None:
+        """``gate``: how threads other than the writer's read ``env`` (default: a gate of its own)."""
         self.env = env
+        self.gate = gate or EnvGate(env)
         self.dbs = dbs
         self._lock = threading.RLock()
         self._state = CatalogState()
@@ -284,7 +287,7 @@ class Catalog:
                 return self._manifests[epoch]
             if epoch not in self._state.epochs:
                 return None
-        with self.env.begin() as txn:
+        with self.gate.using() as env, env.begin() as txn:
             raw = txn.get(u64(epoch), db=self.dbs[b"epochs"])
         if raw is not None:
             self._remember(epoch, bytes(raw))

@@ -158,9 +158,12 @@ class Writer:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0) -> bool:
+        """Finish the queued operations and end the thread (waiting up to ``timeout`` s); False: it is still at
+        one, so the environment must stay open."""
         self._q.put(None)
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     # -- operations ---------------------------------------------------------------------------
     def ingest(self, staged_path: Path, cursor: Callable[[int, int], dict[str, Any]] | None = None,

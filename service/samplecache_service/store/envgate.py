@@ -1,0 +1,52 @@
+"""The LMDB environment's users besides the writer thread (HTTP handlers reading a manifest or the map's usage),
+counted, so that closing the environment waits for them: a transaction or ``env.info()`` on a closed environment
+crashes the process (py-lmdb does not guard it), where a stop should only end it."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+import lmdb
+
+
+class EnvClosed(RuntimeError):
+    """The environment is closing (the daemon stops): nothing more is read from it."""
+
+
+class EnvGate:
+    def __init__(self, env: lmdb.Environment) -> None:
+        self.env = env
+        self._cond = threading.Condition()
+        self._users = 0
+        self._closing = False
+
+    @contextmanager
+    def using(self) -> Iterator[lmdb.Environment]:
+        """The environment, for a read (a transaction or its stats) that ends within the block."""
+        with self._cond:
+            if self._closing:
+                raise EnvClosed("the cache is closing: the daemon is stopping")
+            self._users += 1
+        try:
+            yield self.env
+        finally:
+            with self._cond:
+                self._users -= 1
+                self._cond.notify_all()
+
+    def close(self, timeout: float, others_done: bool = True) -> bool:
+        """Let no new user in, wait up to ``timeout`` s for those inside, then close the environment; False (left
+        open: the process's exit frees it) when one is still inside, or when not ``others_done`` (a thread that
+        writes or reads it outside this gate did not end)."""
+        with self._cond:
+            self._closing = True
+            idle = self._cond.wait_for(lambda: self._users == 0, timeout)
+        if idle and others_done:
+            self.env.close()
+            return True
+        return False
+
+
+__all__ = ["EnvClosed", "EnvGate"]
