@@ -92,7 +92,6 @@ class Reader:
         self.epoch_splits: dict[int, SplitOptions] = {}  # epochs read under an earlier split (set_mixture)
         self._takes = 0
         self._pool: BufferPool | None = None
-        self._held: frozenset[str] = frozenset()  # the sources the last plan held samples of (no wait for them)
 
     def buffers(self) -> BufferPool:
         """The reused output buffers of this process's columnar batches (``samplecache.reading.bufferpool``: a buffer
@@ -144,14 +143,10 @@ class Reader:
         for an epoch whose shards are gone (saying so when a loaded state was to resume it), ``MissingSource`` for
         a mixture's source that holds no sample after ``wait`` seconds (``await_sources``)."""
         split = self.split_for(epoch)
-        wanted = frozenset(n for n, w in (split.mixture or {}).items() if w > 0)
-        fresh = self.source.cached_plan(epoch) is None
-        # once an epoch held every source of the mixture, the next ones are not waited for (a request an epoch)
-        waited = bool(wanted) and fresh and not wanted <= self._held
-        if waited:
-            self.await_sources(split.mixture or {})
+        if split.mixture is not None and self.source.cached_plan(epoch) is None:
+            self.await_sources(split.mixture)
         try:
-            plan = self.source.plan(epoch)
+            return self.source.plan(epoch)
         except EpochGone as e:
             r = self.pending
             if r is None or r.epoch != epoch:
@@ -159,11 +154,6 @@ class Reader:
             raise EpochGone(f"{e} -- the resume state of job {r.job!r} stood at sample {r.position} of epoch "
                             f"{epoch}, whose shards the cache no longer holds, so it cannot go on exactly: go on "
                             f"with the epoch the daemon names", e.status, e.body, e.attempts) from e
-        if wanted and fresh:
-            self._held = frozenset(n for n, r in plan.source_rows().items() if r)
-            if not waited and not wanted <= self._held:
-                self.await_sources(split.mixture or {})  # a source gone since: why (unknown, failing, empty)
-        return plan
 
     def await_sources(self, mixture: Mapping[str, float]) -> None:
         """Wait up to ``wait`` seconds until every source the mixture gives a share to holds a sample; then raise

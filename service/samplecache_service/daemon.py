@@ -105,7 +105,7 @@ class Daemon:
         self.gate = EnvGate(self.env)  # HTTP handlers' reads of the environment: a stop closes it after them
         self.catalog = Catalog(self.env, self.dbs, self.gate)
         self.writer = Writer(self.env, self.dbs, self.catalog)
-        self.disk = DiskSpace(settings.cache_dir, self.env, self.dbs)
+        self.disk = DiskSpace(settings.cache_dir, self.gate, self.dbs)
         self.cache_id = check_identity(self.catalog, self.writer, settings)
         try:
             check_sources(self.catalog, self.writer, {n: url for n, (url, _) in self.named.items()})

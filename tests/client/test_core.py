@@ -49,6 +49,28 @@ def fake_plan(rows: list[int], epoch: int = 3) -> EpochPlan:
     return EpochPlan(manifest, None)
 
 
+def test_a_mixtures_read_chunk_is_bounded_by_its_largest_samples() -> None:
+    """A chunk of a 2-source mixture holds each source's one-source share, but never more than ``CHUNK_BYTES`` of
+    the source with the largest samples (the manifest's average would let 1 MiB images through 8,192 at a time)."""
+    from samplecache.format.manifest import Manifest, pack_indices
+    from samplecache.reading.epoch_source import CHUNK_BYTES
+
+    schema = Schema((Column("id", "fixed", "<i8"),)).to_json()
+
+    def plan(sizes: dict[str, int]) -> EpochPlan:  # source -> bytes per sample; 2 shards of 1,000 rows each
+        names = sorted(sizes)
+        shards = [[10 + i, 1000, 1000 * sizes[n], 64] for i, n in enumerate(names * 2)]
+        m = Manifest(epoch=1, lmdb_path="/nonexistent", map_size=1 << 20, schema=schema, shards=shards,
+                     bytes=sum(r[2] for r in shards), sources={n: {"schema": schema, "url": n} for n in names},
+                     shard_sources=pack_indices(list(range(len(names))) * 2))
+        return EpochPlan(m.to_json(), None)
+
+    even = plan({"code": 1024, "web": 1024})
+    assert even.read_chunk() == even.chunk == 4096 and even.read_chunk(2) == 8192
+    skewed = plan({"images": 1 << 20, "text": 1024})
+    assert skewed.read_chunk() == skewed.chunk and skewed.read_chunk(2) == max(skewed.chunk, CHUNK_BYTES >> 20)
+
+
 def read_all(plan: EpochPlan, split: SplitOptions, world: int, workers: int) -> dict[int, list[tuple[int, int]]]:
     """rank -> the (shard id, row) pairs its workers read, in order."""
     out: dict[int, list[tuple[int, int]]] = {}

@@ -87,6 +87,7 @@ class EpochPlan:
         self.cols = [self.schema.index(c) for c in wanted]
         table = parsed.table()
         self.ids, self.rows, self.rows_per_block = table[:, 0].copy(), table[:, 1].copy(), table[:, 3].copy()
+        self.shard_bytes = table[:, 2].copy()
         self.total = int(self.rows.sum())
         sample_bytes = max(1, parsed.bytes // max(1, self.total))
         self.sample_bytes = sample_bytes
@@ -114,9 +115,15 @@ class EpochPlan:
 
     def read_chunk(self, spread: int = 1) -> int:
         """Positions read per read transaction from an order whose neighbouring positions read ``spread`` shards
-        in turn (a mixture's sources): each shard keeps a one-source chunk's share, up to ``CHUNK_BYTES``. A chunk
-        reads every block its positions touch: a mixture's at ``chunk`` would read each block ``spread`` times."""
-        return int(min(self.chunk * max(1, spread), max(self.chunk, CHUNK_BYTES // self.sample_bytes)))
+        in turn (a mixture's sources): each shard keeps a one-source chunk's share, up to ``CHUNK_BYTES`` of the
+        largest samples of any source (a chunk reads every block its positions touch: a mixture's at ``chunk``
+        would read each block ``spread`` times)."""
+        if spread <= 1:
+            return self.chunk
+        per = np.bincount(self.source_of, weights=self.shard_bytes, minlength=len(self.source_names))
+        rows = np.bincount(self.source_of, weights=self.rows, minlength=len(self.source_names))
+        widest = max(self.sample_bytes, int((per / np.maximum(rows, 1)).max(initial=0)))
+        return int(min(self.chunk * spread, max(self.chunk, CHUNK_BYTES // max(1, widest))))
 
     def source_rows(self) -> dict[str, int]:
         """Each source's samples in this manifest."""

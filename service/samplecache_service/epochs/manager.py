@@ -280,6 +280,14 @@ class EpochManager:
             # on the writer thread, before the seal commits: no ingest after it can evict the epoch's shards
             self._mark_fresh(epoch)
             resident = self.resident_for_epoch()
+            if fields.get("sources"):
+                # the sources ready when the fields were made: one ready since (its first listing ended while
+                # this seal queued behind ingests) is named from the next seal on, with its entry
+                keep = np.zeros(len(resident), bool)
+                for name in fields["sources"]:
+                    keep |= resident.of_source(name)
+                if not keep.all():
+                    resident = resident.take(np.flatnonzero(keep))
             shards = resident.take(select_shards(resident.rows, cap, fields["seed"], epoch))
             made.append(build_manifest(epoch, shards, previous=previous, **fields))
             return made[0]

@@ -288,7 +288,7 @@ class Catalog:
             if epoch not in self._state.epochs:
                 return None
         with self.gate.using() as env, env.begin() as txn:
-            raw = txn.get(u64(epoch), db=self.dbs[b"epochs"])
+            raw: bytes | None = txn.get(u64(epoch), db=self.dbs[b"epochs"])
         if raw is not None:
             self._remember(epoch, bytes(raw))
         return raw

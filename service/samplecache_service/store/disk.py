@@ -14,6 +14,8 @@ from typing import Any
 
 import lmdb
 
+from samplecache_service.store.envgate import EnvClosed, EnvGate
+
 META_PAGES = 2
 
 
@@ -30,8 +32,9 @@ def lmdb_free_bytes(env: lmdb.Environment, dbs: dict[bytes, Any]) -> int:
 class DiskSpace:
     """``free()``: bytes new shards can use, re-measured at most every ``every`` seconds."""
 
-    def __init__(self, cache_dir: Path, env: lmdb.Environment, dbs: dict[bytes, Any], every: float = 1.0) -> None:
-        self.cache_dir, self.env, self.dbs, self.every = cache_dir, env, dbs, every
+    def __init__(self, cache_dir: Path, gate: EnvGate, dbs: dict[bytes, Any], every: float = 1.0) -> None:
+        """``gate``: the environment, read through it (HTTP handlers ask for ``free`` too)."""
+        self.cache_dir, self.gate, self.dbs, self.every = cache_dir, gate, dbs, every
         self._at = -1e9
         self._free = 0
         self.fs_free = 0  # the filesystem's own free bytes (staging files need these; LMDB's free pages do not help)
@@ -40,15 +43,17 @@ class DiskSpace:
         now = time.monotonic()
         if fresh or now - self._at >= self.every:
             self.fs_free = shutil.disk_usage(self.cache_dir).free
-            self._free = self.fs_free + lmdb_free_bytes(self.env, self.dbs)
+            with self.gate.using() as env:
+                self._free = self.fs_free + lmdb_free_bytes(env, self.dbs)
             self._at = now
         return self._free
 
     def free_or_zero(self) -> int:
-        """``free()`` for reports: 0 when it cannot be measured (a missing cache dir shows in /healthz)."""
+        """``free()`` for reports: 0 when it cannot be measured (a missing cache dir shows in /healthz; a closing
+        environment: the daemon stops)."""
         try:
             return self.free()
-        except OSError:
+        except (OSError, EnvClosed):
             return 0
 
 
