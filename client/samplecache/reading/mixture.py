@@ -25,11 +25,11 @@ import zlib
 from collections import OrderedDict
 from fractions import Fraction
 from math import gcd
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from samplecache.reading.order import EpochOrder
+from samplecache.reading.order import EpochOrder, kept
 
 MIXES = ("random", "stratified")
 CHUNK = 1 << 16  # positions whose labels are made together (and cached)
@@ -249,7 +249,6 @@ class MixedOrder:
         np.cumsum(per_chunk, axis=0, out=self.prefix[1:])
         self._labels: OrderedDict[int, np.ndarray] = OrderedDict()  # chunk -> its positions' labels
         self._locals: OrderedDict[int, np.ndarray] = OrderedDict()  # chunk -> each position's index among its label's
-        self._cursor = (-1, 0, np.zeros(len(active), np.int64))  # (chunk, offset, labels before it): where span ended
 
     def __len__(self) -> int:
         return self.total
@@ -271,7 +270,7 @@ class MixedOrder:
 
     def _make_local(self, c: int) -> np.ndarray:
         """Each position of chunk ``c``: its index among the chunk's positions of its label (what ``positions``
-        needs; ``span`` counts as it goes instead)."""
+        needs; ``span`` counts the labels before its start instead)."""
         labels = self._labels_of(c)
         counts = self.prefix[c + 1] - self.prefix[c]
         local = np.empty(len(labels), np.int32)
@@ -279,30 +278,11 @@ class MixedOrder:
                                                                                        counts)
         return local
 
-    @staticmethod
-    def _kept(cache: OrderedDict[int, np.ndarray], c: int, make: Callable[[int], np.ndarray]) -> np.ndarray:
-        got = cache.get(c)
-        if got is None:
-            got = cache[c] = make(c)
-            if len(cache) > CACHED_CHUNKS:
-                cache.popitem(last=False)
-        else:
-            cache.move_to_end(c)
-        return got
-
     def _labels_of(self, c: int) -> np.ndarray:
-        return self._kept(self._labels, c, self._make_labels)
+        return kept(self._labels, c, lambda: self._make_labels(c), CACHED_CHUNKS)
 
     def _chunk_of(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._labels_of(c), self._kept(self._locals, c, self._make_local)
-
-    def _before(self, c: int, o: int, labels: np.ndarray) -> np.ndarray:
-        """How many positions of chunk ``c`` before offset ``o`` each source labels (from where the last span
-        ended when it is there: a stream's spans follow each other)."""
-        at, done, counts = self._cursor
-        if at == c and done <= o:
-            return counts + np.bincount(labels[done:o], minlength=len(counts))
-        return np.bincount(labels[:o], minlength=len(counts))
+        return self._labels_of(c), kept(self._locals, c, lambda: self._make_local(c), CACHED_CHUNKS)
 
     def _labelled(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each position's source (index into the weighted sources) and its index in that source's order."""
@@ -380,7 +360,7 @@ class MixedOrder:
             labels = self._labels_of(c)
             o0, o1 = pos - c * self.chunk, end - c * self.chunk
             lab = labels[o0:o1]
-            before = self._before(c, o0, labels)
+            before = np.bincount(labels[:o0], minlength=len(self.sources))  # each source's positions before o0
             out_idx, out_rows = idx[pos - a:end - a], rows[pos - a:end - a]
             for s, (order, members) in enumerate(zip(self.sources, self.members)):
                 sel = np.flatnonzero(lab == s)
@@ -388,7 +368,6 @@ class MixedOrder:
                     j = int(self.prefix[c, s] + before[s])
                     i, r = order.span(j, j + len(sel))
                     out_idx[sel], out_rows[sel] = members[i], r
-            self._cursor = (c, o1, before + np.bincount(lab, minlength=len(before)))
             pos = end
         return idx, rows
 

@@ -10,13 +10,26 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
 from samplecache.reading.partition import row_order, shard_order
 
 CACHED_ORDERS = 256  # shard row orders (and windows) kept: readers sweep the order, so recent ones are reused
+
+
+def kept(cache: OrderedDict[int, np.ndarray], key: int, make: Callable[[], np.ndarray],
+         most: int = CACHED_ORDERS) -> np.ndarray:
+    """``cache[key]``, made by ``make()`` when missing; the cache keeps the ``most`` last used."""
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = make()
+        if len(cache) > most:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return got
 
 
 def joined(runs: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -67,19 +80,8 @@ class EpochOrder:
     def __len__(self) -> int:
         return self.total
 
-    @staticmethod
-    def _kept(cache: OrderedDict[int, np.ndarray], key: int, make: "object") -> np.ndarray:
-        got = cache.get(key)
-        if got is None:
-            got = cache[key] = make()  # type: ignore[operator]
-            if len(cache) > CACHED_ORDERS:
-                cache.popitem(last=False)
-        else:
-            cache.move_to_end(key)
-        return got
-
     def _row_order(self, index: int) -> np.ndarray:
-        return self._kept(self._rows, index, lambda: row_order(int(self.ids[index]), int(self.rows[index]),
+        return kept(self._rows, index, lambda: row_order(int(self.ids[index]), int(self.rows[index]),
                                                                  self.seed, self.epoch, True))
 
     def _windowed(self, g: np.ndarray) -> np.ndarray:
@@ -88,7 +90,7 @@ class EpochOrder:
         out = np.empty_like(g)
         for i in np.unique(win).tolist():
             size = min(w, self.total - i * w)
-            perm = self._kept(self._windows, i, lambda: np.random.default_rng(
+            perm = kept(self._windows, i, lambda: np.random.default_rng(
                 [self.seed & 0xFFFFFFFF, self.epoch, 2, i]).permutation(size))
             sel = win == i
             out[sel] = i * w + perm[g[sel] - i * w]
@@ -144,4 +146,4 @@ class EpochOrder:
         return idx, rows
 
 
-__all__ = ["EpochOrder", "GlobalOrder", "joined"]
+__all__ = ["EpochOrder", "GlobalOrder", "joined", "kept"]
