@@ -115,7 +115,7 @@ class Daemon:
         self.leases = LeaseTable(settings.lease_ttl, max_leases=settings.max_leases,
                                  max_per_job=settings.max_leases_per_job)
         self.jobs = JobTable(settings.lease_ttl)
-        self.jobs.load(self.catalog.meta("jobs", []) or [])
+        self.jobs.load(self.catalog.saved_jobs, changed=self.catalog.legacy_jobs)
         try:  # no source at all is check_remote's to say, after the cache is opened (a map too large says first)
             remotes = changed_remotes({}, self.named, self._remote, filters=self.filters) if self.named else {}
         except Conflict as e:

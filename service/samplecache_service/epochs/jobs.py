@@ -79,20 +79,24 @@ _BY_EPOCH = ("epochs", "mapped_at", "read", "read_sources", "mixtures")  # Job f
 
 
 class JobTable:
-    """Thread-safe table of jobs. Persisted by the caller (``saved()`` -> the writer's meta)."""
+    """Thread-safe table of jobs. Persisted by the caller, a record per job (``take_changes()`` -> the writer):
+    a save writes the jobs that changed since the last, not the table (up to JOBS_KEPT jobs of EPOCHS_KEPT
+    epochs each, rewritten on every epoch of every job, would make each save slower the longer the daemon runs)."""
 
     def __init__(self, ttl: float, clock: Callable[[], float] = time.time) -> None:
         self.ttl, self.clock = ttl, clock
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._mapping: dict[str, asyncio.Lock] = {}
+        self._changed: set[str] = set()  # names of the jobs changed (or forgotten) since their last save
 
     def lock(self, name: str) -> asyncio.Lock:
         """The event loop's lock for mapping ``name``'s epochs (its ranks and workers ask at once)."""
         return self._mapping.setdefault(name, asyncio.Lock())
 
-    def load(self, saved: Iterable[dict[str, Any]]) -> None:
-        """Jobs saved by an earlier run of the daemon; live ones get a fresh TTL (their trainers reconnect)."""
+    def load(self, saved: Iterable[dict[str, Any]], changed: bool = False) -> None:
+        """Jobs saved by an earlier run of the daemon; live ones get a fresh TTL (their trainers reconnect).
+        ``changed``: every one is saved again by the next save (read from the one-blob table of older versions)."""
         now = self.clock()
         with self._lock:
             for d in saved:
@@ -100,10 +104,24 @@ class JobTable:
                 if not job.expired:
                     job.last_seen = now
                 self._jobs[job.name] = job
+                if changed:
+                    self._changed.add(job.name)
 
     def saved(self) -> list[dict[str, Any]]:
+        """Every job's record."""
         with self._lock:
             return [j.to_json() for j in self._jobs.values()]
+
+    def take_changes(self) -> dict[str, dict[str, Any] | None]:
+        """The records of the jobs changed since the last take (None: forgotten); they count as saved from now."""
+        with self._lock:
+            names, self._changed = self._changed, set()
+            return {n: (self._jobs[n].to_json() if n in self._jobs else None) for n in names}
+
+    def unsaved(self, names: Iterable[str]) -> None:
+        """Jobs taken by a save whose commit failed: the next save writes them (as they are then)."""
+        with self._lock:
+            self._changed.update(names)
 
     def _unknown(self, name: str) -> ServiceError:
         known = sorted(self._jobs)
@@ -121,10 +139,13 @@ class JobTable:
                 if resume:
                     raise self._unknown(name)
                 job = self._jobs[name] = Job(name=name, run=run, created_at=now, last_seen=now)
+                self._changed.add(name)
                 self._trim()
                 log.info("job %s: started", name, extra={"event": "job_started", "job": name})
                 return job
             if run == job.run:
+                if job.expired:
+                    self._changed.add(name)
                 job.last_seen, job.expired = now, False
                 return job
             if run in job.superseded:
@@ -136,6 +157,7 @@ class JobTable:
             job.run, job.runs = run, job.runs + 1
             job.start_epoch = job.last_epoch() + 1
             job.last_seen, job.expired = now, False
+            self._changed.add(name)
             return job
 
     @staticmethod
@@ -154,6 +176,8 @@ class JobTable:
                     raise self._taken_over(job)
                 raise Conflict(f"run {run!r} has not attached to job {name!r}: POST /v1/jobs first")
             if run is not None:  # a request of the job's own run keeps it alive; an inspection does not
+                if job.expired:
+                    self._changed.add(name)
                 job.last_seen, job.expired = self.clock(), False
             return job
 
@@ -166,6 +190,7 @@ class JobTable:
                 return
             job.epochs[job_epoch] = daemon_epoch
             job.mapped_at[job_epoch] = now
+            self._changed.add(name)
             for old in sorted(job.epochs)[:-EPOCHS_KEPT]:
                 job.epochs.pop(old, None)
                 job.mapped_at.pop(old, None)
@@ -181,6 +206,7 @@ class JobTable:
         with self._lock:
             job = self._jobs.get(name)
             if job is not None:
+                self._changed.add(name)
                 job.read[job_epoch] = job.read.get(job_epoch, 0) + samples
                 if by_source:
                     got = job.read_sources.setdefault(job_epoch, {})
@@ -194,14 +220,16 @@ class JobTable:
             if job_epoch not in job.epochs:
                 raise NotFound(f"job {name!r} has no epoch {job_epoch} mapped: map it first "
                                f"(POST /v1/jobs/{name}/epochs/{job_epoch})")
-            job.mixtures.setdefault(job_epoch, dict(record))
+            if job_epoch not in job.mixtures:
+                job.mixtures[job_epoch] = dict(record)
+                self._changed.add(name)
 
     def lease_taken(self, name: str, job_epoch: int) -> None:
         """A reader of the job's epoch took its lease: the lease pins the epoch now, the mapping no longer."""
         with self._lock:
             job = self._jobs.get(name)
-            if job is not None:
-                job.mapped_at.pop(job_epoch, None)
+            if job is not None and job.mapped_at.pop(job_epoch, None) is not None:
+                self._changed.add(name)
 
     def recently_mapped(self) -> set[int]:
         """Daemon epochs a live job mapped within the last PIN_GRACE_S (at most the TTL) and no reader has leased
@@ -226,6 +254,7 @@ class JobTable:
             for job in self._jobs.values():
                 if not job.expired and job.name not in leased and now - job.last_seen > self.ttl:
                     job.expired = True
+                    self._changed.add(job.name)
                     gone.append(job)
         for job in gone:
             log.info("job %s: expired (no lease and no request for %.0fs); what it pinned is released",
@@ -238,6 +267,7 @@ class JobTable:
         old = sorted((j for j in self._jobs.values() if j.expired), key=lambda j: j.last_seen)
         for job in old[:len(self._jobs) - JOBS_KEPT]:
             del self._jobs[job.name]
+            self._changed.add(job.name)  # its record goes
 
     def all(self) -> list[Job]:
         with self._lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from samplecache_service.epochs.jobs import JobTable
 from samplecache_service.epochs.leases import Lease, LeaseTable
@@ -25,10 +25,29 @@ class Leasing:
         if catalog.legacy_leases:
             # a cache written before per-lease records: its one-blob table becomes records
             writer.put_leases({l.id: l.to_json() for l in leases.live()}, drop_legacy=True)
+        if catalog.legacy_jobs:  # and its one-blob job table (loaded as all changed) becomes a record per job
+            self.save_jobs()
+
+    def _changed_jobs(self) -> tuple[Callable[[], dict[str, Any]], Callable[[Future[Any]], None]]:
+        """(take, check): ``take`` the changed jobs' records on the writer thread (a later snapshot never lands
+        first); ``check`` the commit's future: a failed commit leaves them to the next save."""
+        taken: dict[str, Any] = {}
+
+        def take() -> dict[str, Any]:
+            taken.update(self.jobs.take_changes())
+            return taken
+
+        def check(fut: Future[Any]) -> None:
+            if not fut.cancelled() and fut.exception() is not None:
+                self.jobs.unsaved(taken)
+        return take, check
 
     def save_jobs(self) -> Future[None]:
-        """Queue the job table for the disk; read on the writer thread, so a later snapshot never lands first."""
-        return self.writer.put_meta(lambda: {"jobs": self.jobs.saved()})
+        """Queue the jobs changed since their last save for the disk, a record each."""
+        take, check = self._changed_jobs()
+        fut = self.writer.put_jobs(take)
+        fut.add_done_callback(check)
+        return fut
 
     def of_job(self, job: str) -> list[Lease]:
         """The live leases of ``job``'s readers."""
@@ -123,4 +142,5 @@ class Leasing:
             if lease.read == 0 and lease.epoch == newest:
                 self.epochs.hold(lease.epoch)
         if records:
-            self.writer.put_leases(records, meta=lambda: {"jobs": self.jobs.saved()})
+            take, check = self._changed_jobs()
+            self.writer.put_leases(records, jobs=take).add_done_callback(check)

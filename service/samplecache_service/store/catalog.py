@@ -40,6 +40,7 @@ LAST_USED_SCAN = 8  # newest manifests read at start for the shards' last_used_e
 
 SUMMARY_PREFIX = "summary/"  # meta key of one epoch's summary: summary/<epoch>
 LEASE_PREFIX = "lease/"  # meta key of one live lease: lease/<id> (a take writes one record, not the table)
+JOB_PREFIX = "job/"  # meta key of one job: job/<name> (a save writes the jobs that changed, not the table)
 
 
 def u64(n: int) -> bytes:
@@ -145,6 +146,11 @@ class Catalog:
         self.saved_leases: list[dict[str, Any]] = list(st.meta.pop("leases", None) or [])
         for key in [k for k in st.meta if k.startswith(LEASE_PREFIX)]:
             self.saved_leases.append(st.meta.pop(key))
+        # the same for jobs: one blob, "jobs", before per-job keys (rewritten whole on every save)
+        self.legacy_jobs = "jobs" in st.meta
+        self.saved_jobs: list[dict[str, Any]] = list(st.meta.pop("jobs", None) or [])
+        for key in [k for k in st.meta if k.startswith(JOB_PREFIX)]:
+            self.saved_jobs.append(st.meta.pop(key))
         kept = set(st.epochs)
         self._summaries = {e: v for e, v in self._summaries.items() if e in kept}
         with self.env.begin(buffers=False) as txn:

@@ -24,7 +24,16 @@ from samplecache.format.manifest import Manifest
 from samplecache.format.record import record_key, verify_block
 from samplecache_service.config.settings import DEFAULT_SOURCE
 from samplecache_service.files import SHARED_FILE_MODE, make_dir, set_mode
-from samplecache_service.store.catalog import DBS, LEASE_PREFIX, SUMMARY_PREFIX, Catalog, Shard, source_key, u64
+from samplecache_service.store.catalog import (
+    DBS,
+    JOB_PREFIX,
+    LEASE_PREFIX,
+    SUMMARY_PREFIX,
+    Catalog,
+    Shard,
+    source_key,
+    u64,
+)
 from samplecache_service.store.disk import out_of_space
 from samplecache_service.store.eviction import EvictionPlan, MakeRoom
 from samplecache_service.store.fileinfo import FileInfo
@@ -278,31 +287,36 @@ class Writer:
 
         return self.submit(op, after)
 
+    def _put_records(self, txn: lmdb.Transaction, prefix: str, changes: Mapping[str, dict[str, Any] | None]) -> None:
+        db = self.dbs[b"meta"]
+        for name, record in changes.items():
+            key = (prefix + name).encode()
+            if record is None:
+                txn.delete(key, db=db)
+            else:
+                txn.put(key, json.dumps(record).encode(), db=db)
+
     def put_leases(self, changes: Mapping[str, dict[str, Any] | None], drop_legacy: bool = False,
-                   meta: Callable[[], dict[str, Any]] | None = None) -> "Future[None]":
+                   jobs: Callable[[], Mapping[str, dict[str, Any] | None]] | None = None) -> "Future[None]":
         """Store lease records, one key each (``None``: drop it); ``drop_legacy``: drop the old one-blob table;
-        ``meta``: meta values written in the same commit (as ``put_meta``: called on this thread)."""
-        got: dict[str, Any] = {}
-
+        ``jobs``: job records written in the same commit (as ``put_jobs``: called on this thread)."""
         def op(txn: lmdb.Transaction) -> None:
-            db = self.dbs[b"meta"]
-            got.update(meta() if meta is not None else {})
-            for k, v in got.items():
-                txn.put(k.encode(), json.dumps(v).encode(), db=db)
-            for lease_id, record in changes.items():
-                key = (LEASE_PREFIX + lease_id).encode()
-                if record is None:
-                    txn.delete(key, db=db)
-                else:
-                    txn.put(key, json.dumps(record).encode(), db=db)
+            if jobs is not None:
+                self._put_jobs(txn, jobs())
+            self._put_records(txn, LEASE_PREFIX, changes)
             if drop_legacy:
-                txn.delete(b"leases", db=db)
+                txn.delete(b"leases", db=self.dbs[b"meta"])
 
-        def after(_: None) -> None:
-            for k, v in got.items():
-                self.catalog.set_meta(k, v)
+        return self.submit(op)
 
-        return self.submit(op, after)
+    def _put_jobs(self, txn: lmdb.Transaction, changes: Mapping[str, dict[str, Any] | None]) -> None:
+        self._put_records(txn, JOB_PREFIX, changes)
+        txn.delete(b"jobs", db=self.dbs[b"meta"])  # the one-blob table of older versions (its jobs are in changes)
+
+    def put_jobs(self, changes: Callable[[], Mapping[str, dict[str, Any] | None]]) -> "Future[None]":
+        """Store job records, one key each (``None``: drop it). ``changes`` is called on this thread: a snapshot
+        taken in write order, so a later one never lands first."""
+        return self.submit(lambda txn: self._put_jobs(txn, changes()))
 
     def put_files(self, files: Mapping[str, FileInfo]) -> "Future[None]":
         def op(txn: lmdb.Transaction) -> None:

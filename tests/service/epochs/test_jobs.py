@@ -139,3 +139,28 @@ def test_expired_jobs_beyond_the_cap_are_forgotten_oldest_first(clock: Clock, mo
     table.attach("j3", "aaaa0003")
     table.attach("j4", "aaaa0004")
     assert [j.name for j in table.all()] == ["j2", "j3", "j4"]
+
+
+def test_changes_name_the_jobs_changed_since_the_last_take(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    import samplecache_service.epochs.jobs as jobs
+    monkeypatch.setattr(jobs, "JOBS_KEPT", 2)
+    table = JobTable(ttl=1.0, clock=clock)
+    table.attach("a", "aaaa1111")
+    table.attach("b", "bbbb2222")
+    assert sorted(table.take_changes()) == ["a", "b"]
+    assert table.take_changes() == {}
+    table.job("a", "aaaa1111")  # a request that keeps it alive: nothing to save
+    assert table.take_changes() == {}
+    table.map_epoch("a", 0, 3)
+    table.add_read("a", 0, 5, {"web": 5})
+    table.set_mixture("a", "aaaa1111", 0, {"mixture": {"web": 1.0}})
+    got = table.take_changes()
+    assert list(got) == ["a"] and got["a"]["read_sources"] == {"0": {"web": 5}}
+    table.unsaved(["a"])  # its commit failed: the next take has it again, as it is then
+    assert list(table.take_changes()) == ["a"]
+    clock.now += 10
+    assert len(table.expire(set())) == 2
+    assert sorted(table.take_changes()) == ["a", "b"]  # expired: saved as such
+    table.attach("c", "cccc3333")  # beyond JOBS_KEPT: the oldest expired job is forgotten, its record dropped
+    got = table.take_changes()
+    assert got["c"]["name"] == "c" and [n for n, r in got.items() if r is None] == ["a"]

@@ -1,6 +1,7 @@
 """Leasing on a real LMDB environment: one record per lease on disk (a take writes its own key, never the table),
-records dropped when leases end, the one-blob table of older caches turned into records; and the epochs' grants of
-remote traffic, which only a bounded number of epochs without a reader get."""
+records dropped when leases end, the one-blob table of older caches turned into records; one record per job, written
+when it changed; and the epochs' grants of remote traffic, which only a bounded number of epochs without a reader
+get."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.epochs.leasing import Leasing
 from samplecache_service.epochs.manager import UNREAD_GRANTS, EpochManager, EpochRules, build_manifest
 from samplecache_service.store.budget import Budget
-from samplecache_service.store.catalog import LEASE_PREFIX, Catalog
+from samplecache_service.store.catalog import JOB_PREFIX, LEASE_PREFIX, Catalog
 from samplecache_service.store.shardtable import ShardTable
 from samplecache_service.store.writer import Writer, open_env
 
@@ -35,6 +36,7 @@ class Cache:
         self.writer = Writer(self.env, self.dbs, self.catalog)
         self.leases = LeaseTable(default_ttl=60.0)
         self.jobs = JobTable(60.0)
+        self.jobs.load(self.catalog.saved_jobs, changed=self.catalog.legacy_jobs)
         budget = Budget(1 << 26, 0, "fifo")
         self.epochs = EpochManager(self.catalog, self.writer, self.leases, self.jobs, budget, dict, EpochRules())
         self.leasing = Leasing(self.catalog, self.epochs, self.leases, self.jobs, self.writer)
@@ -147,15 +149,65 @@ def test_a_lease_handed_back_unread_keeps_its_epoch_pinned_briefly(cache: Cache)
     assert cache.epochs.pinned_epochs() == set(), "holding it would only stall sampling"
 
 
-def test_a_lease_end_writes_its_record_and_the_job_table_in_one_commit(cache: Cache) -> None:
+def test_a_lease_end_writes_its_record_and_its_jobs_record_in_one_commit(cache: Cache) -> None:
     cache.seal(0)
-    lease = cache.leasing.take(0).result(timeout=10)
+    cache.jobs.attach("train", "aaaa1111")
+    cache.jobs.map_epoch("train", 0, 0)
+    cache.leasing.save_jobs().result()
+    lease = cache.leasing.take(0, job="train", run="aaaa1111", job_epoch=0).result(timeout=10)
     cache.writer.submit(lambda txn: None).result()
     commits = cache.writer.commits
     cache.leasing.release(0, lease.id, read=3)
     cache.writer.submit(lambda txn: None).result()
     assert cache.writer.commits - commits == 2  # the release, and the no-op just above
-    assert "jobs" in cache.meta_keys() and LEASE_PREFIX + lease.id not in cache.meta_keys()
+    keys = cache.meta_keys()
+    assert LEASE_PREFIX + lease.id not in keys and keys[JOB_PREFIX + "train"]["read"] == {"0": 3}
+
+
+def test_a_save_writes_only_the_jobs_that_changed(cache: Cache) -> None:
+    for name in ("a", "b"):
+        cache.jobs.attach(name, "aaaa1111")
+    cache.leasing.save_jobs().result()
+    written: list[str] = []
+    put = cache.writer._put_records
+    cache.writer._put_records = lambda txn, prefix, changes: (written.extend(changes), put(txn, prefix, changes))
+    cache.jobs.map_epoch("b", 0, 4)
+    cache.leasing.save_jobs().result()
+    assert written == ["b"], "job a did not change: its record is not written again"
+    cache.reopen()
+    assert cache.jobs.job("b").epochs == {0: 4} and cache.jobs.job("a").epochs == {}
+
+
+def test_a_failed_save_leaves_its_jobs_to_the_next(cache: Cache) -> None:
+    cache.jobs.attach("train", "aaaa1111")
+    put, calls = cache.writer._put_records, []
+
+    def failing(txn: Any, prefix: str, changes: Any) -> None:
+        calls.append(prefix)
+        if len(calls) == 1:
+            raise OSError("the disk failed")
+        put(txn, prefix, changes)
+    cache.writer._put_records = failing
+    with pytest.raises(OSError):
+        cache.leasing.save_jobs().result()
+    assert JOB_PREFIX + "train" not in cache.meta_keys()
+    cache.leasing.save_jobs().result()
+    assert cache.meta_keys()[JOB_PREFIX + "train"]["run"] == "aaaa1111"
+
+
+def test_the_one_blob_job_table_of_an_older_cache_becomes_records(cache: Cache) -> None:
+    old = JobTable(60.0)
+    for name in ("a", "b"):
+        old.attach(name, "aaaa1111")
+        old.map_epoch(name, 0, 2)
+    cache.writer.put_meta({"jobs": old.saved()}).result()
+    cache.reopen()
+    assert sorted(j.name for j in cache.jobs.all()) == ["a", "b"]
+    cache.writer.submit(lambda txn: None).result()
+    keys = cache.meta_keys()
+    assert "jobs" not in keys and {JOB_PREFIX + "a", JOB_PREFIX + "b"} <= set(keys)
+    cache.reopen()  # read again from the records alone
+    assert {j.name: j.epochs for j in cache.jobs.all()} == {"a": {0: 2}, "b": {0: 2}}
 
 
 def test_a_manifest_never_names_a_shard_of_a_source_it_has_no_entry_for() -> None:
