@@ -336,7 +336,7 @@ class Reader:
             nonlocal counted_to
             if mixed is None or keeper is None or done <= counted_to:
                 return
-            for name, k in mixed.source_counts(stream.global_positions(counted_to, done)).items():
+            for name, k in mixed.source_counts(stream.global_ranges(counted_to, done)).items():
                 by_source[name] = by_source.get(name, 0) + k
             counted_to = done
             keeper.read_sources = dict(by_source)

@@ -84,6 +84,11 @@ def test_one_gather_over_the_mapped_blocks_equals_a_gather_block_by_block(dtype:
     assert reader._gather_mapped(srcs, out, where)
     want = np.stack([srcs[u][r] for u, r in zip(inverse.tolist(), local.tolist())])
     assert out.tobytes() == want.tobytes()  # bytes: random float bits hold NaNs
+    out[:] = 0  # split over threads (any batch counts as large here): the same bytes
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(gather, "PARALLEL_MIN_BYTES", 0)
+        assert reader._gather_mapped(srcs, out, where, threads=3)
+    assert out.tobytes() == want.tobytes()
     # a block that is not one contiguous array (a broadcast mask) is left to the loop: nothing written
     strided = [np.broadcast_to(s[:1], s.shape) for s in srcs]
     out[:] = 0

@@ -263,10 +263,27 @@ def test_a_single_ranks_stream_reads_its_range_as_spans(mix) -> None:
     want = o.positions(np.arange(5, o.total + 40))
     assert np.array_equal(idx, want[0]) and np.array_equal(rows, want[1])
     counts = Counter(o.names[s] for s in o.source_of[idx].tolist())
-    assert o.source_counts(np.arange(5, o.total + 40)) == dict(counts)
-    assert o.source_counts(np.arange(o.total)) == o.counts
+    assert o.source_counts(stream.global_ranges(0, len(stream))) == dict(counts)  # past the end: wrapped
+    assert o.source_counts(np.array([[0, o.total]])) == o.counts
     some = np.arange(70, 1900)  # a run across chunks: counted by slices, as position by position
-    assert o.source_counts(some) == dict(Counter(o.names[s] for s in o.source_of[o.positions(some)[0]].tolist()))
+    assert o.source_counts(np.array([[70, 1900]])) == dict(Counter(o.names[s] for s in
+                                                                   o.source_of[o.positions(some)[0]].tolist()))
+
+
+@pytest.mark.parametrize("mix", MIXES)
+def test_a_workers_stream_counts_its_scattered_ranges(mix) -> None:
+    """A stream of ranges dealt apart (a worker's batches): the global ranges of any stretch of it are its
+    positions, and the per-source counts over them what position by position finds."""
+    o = mixed(mix, epoch_samples=3000, chunk=64)
+    batches = np.array([[a, a + 16] for a in range(0, o.total + 64, 48)])  # every third batch, the last past the end
+    stream = Stream(o, batches)  # type: ignore[arg-type]
+    g = np.concatenate([np.arange(x, y) for x, y in batches.tolist()])
+    for start, stop in [(0, len(stream)), (3, 200), (17, 18), (40, 33), (len(stream) - 5, len(stream) + 9)]:
+        ranges = stream.global_ranges(start, stop)
+        got = np.concatenate([np.arange(a, b) for a, b in ranges.tolist()]) if len(ranges) else np.zeros(0, int)
+        assert np.array_equal(got, g[max(0, start):stop])
+        want = Counter(o.names[s] for s in o.source_of[o.positions(got)[0]].tolist()) if len(got) else Counter()
+        assert o.source_counts(ranges) == dict(want)
 
 
 def test_a_single_source_reads_what_its_epoch_order_reads() -> None:

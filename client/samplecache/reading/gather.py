@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -42,21 +42,25 @@ def _run(jobs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         np.copyto(dst, src)
 
 
-def copy_all(jobs: Sequence[tuple[np.ndarray, np.ndarray]], threads: int = 1) -> None:
-    """``np.copyto(dst, src)`` for every pair, split over up to ``threads`` threads when worth it."""
-    n = len(jobs)
+def split(work: Callable[[int, int], None], n: int, nbytes: int, threads: int = 1) -> None:
+    """``work(a, b)`` over [0, n) in up to ``threads`` parts run at once, when ``nbytes`` make it worth it."""
     threads = min(threads, n, MAX_THREADS)
-    if threads <= 1 or sum(d.nbytes for d, _ in jobs) < PARALLEL_MIN_BYTES:
-        _run(jobs)
+    if threads <= 1 or nbytes < PARALLEL_MIN_BYTES:
+        work(0, n)
         return
     cuts = [n * k // threads for k in range(threads + 1)]
-    parts = [jobs[cuts[k]:cuts[k + 1]] for k in range(1, threads)]
-    futures = [_pool().submit(_run, part) for part in parts]
+    parts = [(cuts[k], cuts[k + 1]) for k in range(1, threads)]
+    futures = [_pool().submit(work, a, b) for a, b in parts]
     try:
-        _run(jobs[cuts[0]:cuts[1]])
+        work(cuts[0], cuts[1])
     finally:
-        for f, part in zip(futures, parts):  # a part no thread has started yet is copied here: no waiting for a core
+        for f, (a, b) in zip(futures, parts):  # a part no thread has started yet is done here: no waiting for a core
             if f.cancel():
-                _run(part)
+                work(a, b)
             else:
                 f.result()  # waits for every part (and raises its error) before the batch is handed out
+
+
+def copy_all(jobs: Sequence[tuple[np.ndarray, np.ndarray]], threads: int = 1) -> None:
+    """``np.copyto(dst, src)`` for every pair, split over up to ``threads`` threads when worth it."""
+    split(lambda a, b: _run(jobs[a:b]), len(jobs), sum(d.nbytes for d, _ in jobs), threads)

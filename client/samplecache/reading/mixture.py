@@ -301,21 +301,18 @@ class MixedOrder:
             j[sel] = self.prefix[k][lab[sel]] + local[off]
         return lab, j
 
-    def source_counts(self, g: np.ndarray) -> dict[str, int]:
-        """How many of global positions ``g`` each weighted source holds (what a reader read, per source)."""
-        if self.total == 0 or len(g) == 0:
-            return {}
-        g = np.asarray(g, dtype=np.int64) % self.total
+    def source_counts(self, ranges: np.ndarray) -> dict[str, int]:
+        """How many positions of the (k, 2) [a, b) ranges of the global order (past the end: wrapped) each
+        weighted source holds (what a reader read, per source): the labels counted by slices, no positions made."""
         got = np.zeros(len(self.counts), np.int64)
-        if len(g) > 1 and (np.diff(g) == 1).all():  # a run of positions (a single rank's): labels by slices
-            for k in range(int(g[0]) // self.chunk, int(g[-1]) // self.chunk + 1):
-                lo, hi = max(int(g[0]), k * self.chunk), min(int(g[-1]) + 1, (k + 1) * self.chunk)
-                got += np.bincount(self._labels_of(k)[lo - k * self.chunk:hi - k * self.chunk], minlength=len(got))
-            return {name: int(n) for name, n in zip(self.counts, got.tolist()) if n}
-        c = g // self.chunk
-        for k in np.unique(c).tolist():
-            labels = self._labels_of(k)
-            got += np.bincount(labels[g[c == k] - k * self.chunk], minlength=len(got))
+        for a, b in (np.asarray(ranges, np.int64).reshape(-1, 2).tolist() if self.total else ()):
+            while a < b:
+                p = a % self.total
+                n = min(b - a, self.total - p)
+                for k in range(p // self.chunk, (p + n - 1) // self.chunk + 1):
+                    lo, hi = max(p, k * self.chunk) - k * self.chunk, min(p + n, (k + 1) * self.chunk) - k * self.chunk
+                    got += np.bincount(self._labels_of(k)[lo:hi], minlength=len(got))
+                a += n
         return {name: int(n) for name, n in zip(self.counts, got.tolist()) if n}
 
     def warm(self) -> None:

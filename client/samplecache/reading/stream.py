@@ -37,11 +37,15 @@ class Stream:
     def __len__(self) -> int:
         return self.total
 
-    def global_positions(self, start: int, stop: int) -> np.ndarray:
-        """The positions in the epoch's global order of stream positions [start, stop)."""
-        s = np.arange(max(0, start), min(stop, self.total), dtype=np.int64)
-        k = np.searchsorted(self.ends, s, side="right")
-        got: np.ndarray = self.starts[k] + s - (self.ends[k] - self.lengths[k])
+    def global_ranges(self, start: int, stop: int) -> np.ndarray:
+        """(k, 2) [a, b) ranges of the epoch's global order that stream positions [start, stop) read, in order."""
+        start, stop = max(0, start), min(stop, self.total)
+        if stop <= start:
+            return np.zeros((0, 2), np.int64)
+        first, last = np.searchsorted(self.ends, [start, stop - 1], side="right").tolist()
+        got = np.stack([self.starts[first:last + 1], self.starts[first:last + 1] + self.lengths[first:last + 1]], 1)
+        got[0, 0] += start - int(self.ends[first] - self.lengths[first])
+        got[-1, 1] -= int(self.ends[last]) - stop
         return got
 
     def _positions(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
