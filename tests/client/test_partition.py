@@ -251,3 +251,35 @@ def test_epoch_end_examples(partial: str, expect: int) -> None:
     assert epoch_end(10, 0, 3, partial) == expect
     assert epoch_end(10, 4, 3, partial) == {"pad": 10, "drop": 10, "uneven": 10}[partial]
     assert epoch_end(0, 0, 3, partial) == 0
+
+
+def test_an_orders_caches_are_shared_safely_by_threads() -> None:
+    """A read-ahead thread and the caller share an order: its caches of row orders and label chunks (``kept``)
+    stay consistent under both, each key's value the one made for it, never more than ``most`` kept."""
+    import sys
+    import threading
+    from collections import OrderedDict
+
+    from samplecache.reading.order import kept
+    cache: OrderedDict[int, np.ndarray] = OrderedDict()
+    errors: list[BaseException] = []
+
+    def hammer(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for key in rng.integers(0, 12, 20_000).tolist():
+                assert kept(cache, key, lambda: np.array([key]), most=4)[0] == key
+        except BaseException as e:  # noqa: BLE001 -- reported below, on the test's thread
+            errors.append(e)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two steps: a race shows at once
+    try:
+        threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+    assert len(cache) <= 4
