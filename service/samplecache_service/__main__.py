@@ -1,5 +1,5 @@
 """``python -m samplecache_service``: the daemon's CLI (the ``samplecache`` command)."""
 
-from samplecache_service.cli import main
+from samplecache_service.cli.main import main
 
 raise SystemExit(main())

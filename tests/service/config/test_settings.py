@@ -1,4 +1,4 @@
-"""service/samplecache_service/config/settings.py + service/samplecache_service/cli.py: one validated Settings
+"""service/samplecache_service/config/settings.py + service/samplecache_service/cli/: one validated Settings
 object from flags and SAMPLECACHE_* variables."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 from paths import REPO
 from pydantic import ByteSize, ValidationError
 
-from samplecache_service.cli import _flag, _settings_from, build_parser, main
+from samplecache_service.cli.flags import flag_name, settings_from
+from samplecache_service.cli.main import build_parser, main
 from samplecache_service.config import mapsize
 from samplecache_service.config.settings import Settings
 
@@ -259,7 +260,7 @@ def test_flags_win_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAMPLECACHE_SAMPLERS", "2")
     args = build_parser().parse_args(["serve", "--max-bytes", "2GiB", "--columns", "a,b",
                                       "--storage-options", '{"anon": true}'])
-    s = _settings_from(args)
+    s = settings_from(args)
     assert int(s.max_bytes) == 2 * GiB  # the flag
     assert s.samplers == 2  # the environment, where no flag is given
     assert s.columns == ["a", "b"]
@@ -324,9 +325,9 @@ def test_the_numeric_settings_are_found() -> None:
 def test_every_numeric_setting_refuses_nan_inf_negative_and_absurd(name: str, value: str,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """`samplecache config` (and so serve and a reload) exits 2 naming the setting: none is unbounded."""
-    assert main(["config", f"{_flag(name)}={value}"]) == 2, f"{name} = {value} was accepted"
+    assert main(["config", f"{flag_name(name)}={value}"]) == 2, f"{name} = {value} was accepted"
     err = capsys.readouterr().err
-    assert _flag(name) in err and _env_var(name) in err, err
+    assert flag_name(name) in err and _env_var(name) in err, err
 
 
 def test_config_refuses_a_budget_whose_map_this_machine_cannot_hold(monkeypatch: pytest.MonkeyPatch,
@@ -400,7 +401,7 @@ def serve_help(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.mark.parametrize("name", FIELDS)
 def test_every_setting_is_a_serve_flag(name: str, serve_help: str, tmp_path: Path) -> None:
-    flag = _flag(name)
+    flag = flag_name(name)
     (tmp_path / "options.json").write_text('{"b": 2}')
     assert re.search(rf"(^|\s){re.escape(flag)}(\s|$)", serve_help, re.M), f"{flag} missing from serve --help"
     # and it reaches Settings under its own name
@@ -420,7 +421,7 @@ def test_every_setting_is_a_serve_flag(name: str, serve_help: str, tmp_path: Pat
         pytest.fail(f"new setting {name!r}: add a sample value to this test")
     named = ["--source", "web=s3://w/"] if name == "share" else []  # a share names a source
     args = build_parser().parse_args(["serve", *named, flag, value])
-    s = _settings_from(args)
+    s = settings_from(args)
     assert getattr(s, name) != Settings.model_fields[name].get_default(call_default_factory=True) or name == "node_rank"
 
 
@@ -433,5 +434,5 @@ def test_every_setting_is_documented_in_readme(name: str) -> None:
     if not README.exists():
         pytest.skip("README.md is not written yet")
     text = README.read_text()
-    assert _flag(name) in text, f"{_flag(name)} is not in README.md"
+    assert flag_name(name) in text, f"{flag_name(name)} is not in README.md"
     assert _env_var(name) in text, f"{_env_var(name)} is not in README.md"

@@ -17,7 +17,7 @@ from paths import REPO
 from samplecache_service.http.listen import PORT_IN_USE, listen_problem
 
 README = REPO / "README.md"
-COMMANDS = [REPO / "service" / "samplecache_service" / "cli.py",
+COMMANDS = [*sorted((REPO / "service" / "samplecache_service" / "cli").glob("*.py")),
             REPO / "service" / "samplecache_service" / "store" / "verify.py",
             REPO / "client" / "samplecache_tools" / "demo.py", REPO / "client" / "samplecache_tools" / "devs3.py"]
 

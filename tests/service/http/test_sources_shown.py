@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from samplecache_service import cli
+from samplecache_service.cli import status as cli
 from samplecache_service.config.settings import Settings
 from samplecache_service.daemon import Daemon
 from samplecache_service.http.app import create_app

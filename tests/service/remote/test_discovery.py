@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from samplecache_service.cli import format_status
+from samplecache_service.cli.status import format_status
 from samplecache_service.http.models import FilesListed
 from samplecache_service.remote.discovery import Discovery
 from samplecache_service.remote.stores import FsspecRemote, RemoteError

@@ -18,7 +18,7 @@ import pytest
 from lake_tables import delete_delta, live_rows, optimize_delta, write_delta
 from staged_rows import served
 
-from samplecache_service.cli import format_status
+from samplecache_service.cli.status import format_status
 from samplecache_service.http.models import TableStatus
 from samplecache_service.remote.delta import delta_options
 from samplecache_service.remote.discovery import Discovery, owner_of

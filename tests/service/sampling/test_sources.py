@@ -187,14 +187,15 @@ def test_bad_sources_are_a_settings_error_naming_them(kw: dict[str, Any], messag
 
 
 def test_source_flags_name_sources_and_a_bare_url_is_default() -> None:
-    from samplecache_service.cli import _flags, build_parser
+    from samplecache_service.cli.flags import given_flags
+    from samplecache_service.cli.main import build_parser
     args = build_parser().parse_args(["serve", "--source", "s3://b/k=v/", "--source", "web=s3://b/web/",
                                       "--share", "web=0.25"])
-    s = Settings(**_flags(args))
+    s = Settings(**given_flags(args))
     assert s.named_sources() == {"default": ("s3://b/k=v/", 0.75), "web": ("s3://b/web/", 0.25)}
     args = build_parser().parse_args(["serve", "--source", "a=s3://b/a/", "--source", "c=s3://b/c/",
                                       "--share", "a=0.5,c=0.25"])  # comma-separated, as the help says
-    assert Settings(**_flags(args)).named_sources() == {"a": ("s3://b/a/", 0.5), "c": ("s3://b/c/", 0.25)}
+    assert Settings(**given_flags(args)).named_sources() == {"a": ("s3://b/a/", 0.5), "c": ("s3://b/c/", 0.25)}
 
 
 def test_sources_are_added_reshared_and_removed_while_running(run: Callable[..., Daemon], data: dict[str, Path],
