@@ -33,6 +33,7 @@ from samplecache.reading.order import EpochOrder, kept
 
 MIXES = ("random", "stratified")
 CHUNK = 1 << 16  # positions whose labels are made together (and cached)
+FEW_RANGES = 32  # reads per source counted range by range up to this many ranges, else position by position
 CACHED_CHUNKS = 8
 HYPERGEOMETRIC_LIMIT = 10**9  # numpy's multivariate hypergeometric draws from fewer items than this
 LARGEST_SCAN = 1 << 16  # largest_epoch's search below its upper bound, at most
@@ -303,16 +304,31 @@ class MixedOrder:
 
     def source_counts(self, ranges: np.ndarray) -> dict[str, int]:
         """How many positions of the (k, 2) [a, b) ranges of the global order (past the end: wrapped) each
-        weighted source holds (what a reader read, per source): the labels counted by slices, no positions made."""
+        weighted source holds (what a reader read, per source). A few long ranges (a rank alone) are counted by
+        label slices, no position made; many short ones (ranks and workers taking turns) position by position,
+        a chunk of labels at a time (a numpy call per range would cost more than the positions)."""
+        ranges = np.asarray(ranges, np.int64).reshape(-1, 2)
+        ranges = ranges[ranges[:, 1] > ranges[:, 0]]
         got = np.zeros(len(self.counts), np.int64)
-        for a, b in (np.asarray(ranges, np.int64).reshape(-1, 2).tolist() if self.total else ()):
-            while a < b:
-                p = a % self.total
-                n = min(b - a, self.total - p)
-                for k in range(p // self.chunk, (p + n - 1) // self.chunk + 1):
-                    lo, hi = max(p, k * self.chunk) - k * self.chunk, min(p + n, (k + 1) * self.chunk) - k * self.chunk
-                    got += np.bincount(self._labels_of(k)[lo:hi], minlength=len(got))
-                a += n
+        if self.total == 0 or len(ranges) == 0:
+            return {}
+        if len(ranges) > FEW_RANGES:
+            lengths = ranges[:, 1] - ranges[:, 0]
+            g = (np.arange(int(lengths.sum()), dtype=np.int64)
+                 + np.repeat(ranges[:, 0] - (np.cumsum(lengths) - lengths), lengths)) % self.total
+            c = g // self.chunk
+            for k in np.unique(c).tolist():
+                got += np.bincount(self._labels_of(k)[g[c == k] - k * self.chunk], minlength=len(got))
+        else:
+            for a, b in ranges.tolist():
+                while a < b:
+                    p = a % self.total
+                    n = min(b - a, self.total - p)
+                    for k in range(p // self.chunk, (p + n - 1) // self.chunk + 1):
+                        lo, hi = max(p, k * self.chunk), min(p + n, (k + 1) * self.chunk)
+                        got += np.bincount(self._labels_of(k)[lo - k * self.chunk:hi - k * self.chunk],
+                                           minlength=len(got))
+                    a += n
         return {name: int(n) for name, n in zip(self.counts, got.tolist()) if n}
 
     def warm(self) -> None:

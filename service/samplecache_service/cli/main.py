@@ -16,6 +16,7 @@ from samplecache_service.cli.status import cmd_status
 
 DEFAULT_URL = "http://127.0.0.1:8750"
 
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from samplecache_tools.demo import run_demo  # the trainer side: imports torch
 

@@ -28,26 +28,20 @@ class Leasing:
         if catalog.legacy_jobs:  # and its one-blob job table (loaded as all changed) becomes a record per job
             self.save_jobs()
 
-    def _changed_jobs(self) -> tuple[Callable[[], dict[str, Any]], Callable[[Future[Any]], None]]:
-        """(take, check): ``take`` the changed jobs' records on the writer thread (a later snapshot never lands
-        first); ``check`` the commit's future: a failed commit leaves them to the next save."""
+    def _changed_jobs(self) -> tuple[Callable[[], dict[str, Any]], Callable[[], None]]:
+        """(take, failed), both run on the writer thread: ``take`` the changed jobs' records (a later snapshot
+        never lands first); ``failed``: the commit failed, so the next save writes them (it runs after this)."""
         taken: dict[str, Any] = {}
 
         def take() -> dict[str, Any]:
             taken.update(self.jobs.take_changes())
             return taken
-
-        def check(fut: Future[Any]) -> None:
-            if not fut.cancelled() and fut.exception() is not None:
-                self.jobs.unsaved(taken)
-        return take, check
+        return take, lambda: self.jobs.unsaved(taken)
 
     def save_jobs(self) -> Future[None]:
         """Queue the jobs changed since their last save for the disk, a record each."""
-        take, check = self._changed_jobs()
-        fut = self.writer.put_jobs(take)
-        fut.add_done_callback(check)
-        return fut
+        take, failed = self._changed_jobs()
+        return self.writer.put_jobs(take, failed)
 
     def of_job(self, job: str) -> list[Lease]:
         """The live leases of ``job``'s readers."""
@@ -142,5 +136,5 @@ class Leasing:
             if lease.read == 0 and lease.epoch == newest:
                 self.epochs.hold(lease.epoch)
         if records:
-            take, check = self._changed_jobs()
-            self.writer.put_leases(records, jobs=take).add_done_callback(check)
+            take, failed = self._changed_jobs()
+            self.writer.put_leases(records, jobs=take, failed=failed)

@@ -146,11 +146,13 @@ class Catalog:
         self.saved_leases: list[dict[str, Any]] = list(st.meta.pop("leases", None) or [])
         for key in [k for k in st.meta if k.startswith(LEASE_PREFIX)]:
             self.saved_leases.append(st.meta.pop(key))
-        # the same for jobs: one blob, "jobs", before per-job keys (rewritten whole on every save)
+        # the same for jobs: one blob, "jobs", before per-job keys (rewritten whole on every save). A blob beside
+        # records was written by an older version after them (a save of records drops it): its jobs come last,
+        # so that they win over the records of the same names
         self.legacy_jobs = "jobs" in st.meta
-        self.saved_jobs: list[dict[str, Any]] = list(st.meta.pop("jobs", None) or [])
-        for key in [k for k in st.meta if k.startswith(JOB_PREFIX)]:
-            self.saved_jobs.append(st.meta.pop(key))
+        self.saved_jobs: list[dict[str, Any]] = [st.meta.pop(k) for k in [k for k in st.meta
+                                                                           if k.startswith(JOB_PREFIX)]]
+        self.saved_jobs += list(st.meta.pop("jobs", None) or [])
         kept = set(st.epochs)
         self._summaries = {e: v for e, v in self._summaries.items() if e in kept}
         with self.env.begin(buffers=False) as txn:

@@ -94,7 +94,7 @@ class Writer:
         self.catalog = catalog
         self._q: queue.Queue[
             tuple[Callable[[lmdb.Transaction], Any], Callable[[Any], None] | None, Future[Any],
-                  Callable[[], bool] | None] | None
+                  Callable[[], bool] | None, Callable[[], None] | None] | None
         ] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="samplecache-writer", daemon=True)
         self.commits = 0
@@ -112,7 +112,7 @@ class Writer:
             item = self._q.get()
             if item is None:
                 return
-            op, after, fut, on_full = item
+            op, after, fut, on_full, failed = item
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -121,6 +121,8 @@ class Writer:
                     after(result)
                 fut.set_result(result)
             except BaseException as e:  # reported to the caller; the writer keeps going
+                if failed is not None:
+                    failed()  # here, before the next operation runs (a callback on the future could come after)
                 fut.set_exception(e)
 
     def _commit(self, op: Callable[[lmdb.Transaction], Any]) -> Any:
@@ -155,13 +157,14 @@ class Writer:
         return True
 
     def submit(self, op: Callable[[lmdb.Transaction], Any], after: Callable[[Any], None] | None = None,
-               on_full: Callable[[], bool] | None = None) -> "Future[Any]":
+               on_full: Callable[[], bool] | None = None, failed: Callable[[], None] | None = None
+               ) -> "Future[Any]":
         """Run ``op(txn)`` in one write transaction; ``after(result)`` runs once it has committed. When the commit
         fails for want of space, a tiny commit makes the pages the last commit freed reusable; ``on_full()``
         (on this thread, first) may free more, and returns whether ``op`` runs again at once. Without it the
         caller retries."""
         fut: Future[Any] = Future()
-        self._q.put((op, after, fut, on_full))
+        self._q.put((op, after, fut, on_full, failed))
         return fut
 
     def alive(self) -> bool:
@@ -297,9 +300,11 @@ class Writer:
                 txn.put(key, json.dumps(record).encode(), db=db)
 
     def put_leases(self, changes: Mapping[str, dict[str, Any] | None], drop_legacy: bool = False,
-                   jobs: Callable[[], Mapping[str, dict[str, Any] | None]] | None = None) -> "Future[None]":
+                   jobs: Callable[[], Mapping[str, dict[str, Any] | None]] | None = None,
+                   failed: Callable[[], None] | None = None) -> "Future[None]":
         """Store lease records, one key each (``None``: drop it); ``drop_legacy``: drop the old one-blob table;
-        ``jobs``: job records written in the same commit (as ``put_jobs``: called on this thread)."""
+        ``jobs``: job records written in the same commit (as ``put_jobs``: called on this thread); ``failed()``
+        runs on this thread when the commit fails, before any later operation."""
         def op(txn: lmdb.Transaction) -> None:
             if jobs is not None:
                 self._put_jobs(txn, jobs())
@@ -307,16 +312,18 @@ class Writer:
             if drop_legacy:
                 txn.delete(b"leases", db=self.dbs[b"meta"])
 
-        return self.submit(op)
+        return self.submit(op, failed=failed)
 
     def _put_jobs(self, txn: lmdb.Transaction, changes: Mapping[str, dict[str, Any] | None]) -> None:
         self._put_records(txn, JOB_PREFIX, changes)
         txn.delete(b"jobs", db=self.dbs[b"meta"])  # the one-blob table of older versions (its jobs are in changes)
 
-    def put_jobs(self, changes: Callable[[], Mapping[str, dict[str, Any] | None]]) -> "Future[None]":
+    def put_jobs(self, changes: Callable[[], Mapping[str, dict[str, Any] | None]],
+                 failed: Callable[[], None] | None = None) -> "Future[None]":
         """Store job records, one key each (``None``: drop it). ``changes`` is called on this thread: a snapshot
-        taken in write order, so a later one never lands first."""
-        return self.submit(lambda txn: self._put_jobs(txn, changes()))
+        taken in write order, so a later one never lands first; ``failed()`` runs on this thread when the commit
+        fails, before any later operation."""
+        return self.submit(lambda txn: self._put_jobs(txn, changes()), failed=failed)
 
     def put_files(self, files: Mapping[str, FileInfo]) -> "Future[None]":
         def op(txn: lmdb.Transaction) -> None:

@@ -225,3 +225,21 @@ def test_a_manifest_never_names_a_shard_of_a_source_it_has_no_entry_for() -> Non
     got = build_manifest(4, table.columns().take(np.array([0, 1])), {}, "x", 1 << 26, 0, "s3://b/",
                          np.zeros(0, np.int64), sources=sources)
     assert got.source_of().tolist() == [1, 0] and got.source_names() == ["code", "web"]
+
+
+def test_a_job_table_blob_beside_records_wins_over_them(cache: Cache) -> None:
+    """An older version run after this one (a downgrade) reads and writes the blob only: its jobs are the newer."""
+    cache.jobs.attach("a", "aaaa1111")
+    cache.jobs.map_epoch("a", 0, 1)
+    cache.jobs.attach("c", "cccc3333")  # a job the older version never saw: its record stays
+    cache.leasing.save_jobs().result()
+    old = JobTable(60.0)
+    for name in ("a", "b"):
+        old.attach(name, "aaaa1111")
+        old.map_epoch(name, 0, 9)
+    cache.writer.put_meta({"jobs": old.saved()}).result()
+    cache.reopen()
+    assert {j.name: j.epochs for j in cache.jobs.all()} == {"a": {0: 9}, "b": {0: 9}, "c": {}}
+    cache.writer.submit(lambda txn: None).result()
+    keys = cache.meta_keys()
+    assert "jobs" not in keys and keys[JOB_PREFIX + "a"]["epochs"] == {"0": 9}
