@@ -35,10 +35,10 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-import samplecache.reading.reader as reader_mod
+import samplecache.reading.blocks.reader as reader_mod
 from samplecache.format.record import Schema, block_checksum, verify_block
+from samplecache.reading.blocks.reader import CacheReader
 from samplecache.reading.epoch_source import CHUNK_BYTES
-from samplecache.reading.reader import CacheReader
 from samplecache_service.remote.columns import infer_schema
 from samplecache_service.sampling.encoder import encode_table
 from samplecache_service.store.catalog import Catalog

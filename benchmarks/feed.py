@@ -105,7 +105,7 @@ def run(spec: Spec, b: int, workdir: Path, passes: int) -> list[Row]:
     import torch
 
     from samplecache import SampleCacheDataset, SampleCacheLoader
-    from samplecache.reading.bufferpool import BufferPool
+    from samplecache.reading.blocks.bufferpool import BufferPool
 
     root = (workdir / spec.name).resolve()
     truth = generate(spec, root, log)

@@ -102,7 +102,7 @@ def verify_manifest(m: dict[str, Any], spec: CacheSpec, built: dict[str, Any]) -
 
 def verify_records(m: dict[str, Any], spec: CacheSpec, n: int = 16) -> list[str]:
     """Read ``n`` shards spread over the manifest with the client's read-only LMDB handle; check y."""
-    from samplecache.reading.reader import open_cache
+    from samplecache.reading.blocks.reader import open_cache
 
     schema = Schema.from_json(m["schema"])
     cy = schema.index("y")

@@ -59,7 +59,7 @@ def client_pass(url: str, batch: int) -> tuple[int, int, float]:
 
 def lmdb_pass(m: dict[str, Any]) -> tuple[int, int, float]:
     """Raw read: shard by shard of the manifest, every block's x copied once."""
-    from samplecache.reading.reader import open_cache
+    from samplecache.reading.blocks.reader import open_cache
 
     schema = Schema.from_json(m["schema"])
     cx, cy = schema.index("x"), schema.index("y")

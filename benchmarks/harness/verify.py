@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from samplecache.format.record import BlockView, Schema, shard_prefix
-from samplecache.reading.reader import _gather_mapped, _Where, open_cache
+from samplecache.reading.blocks.reader import _gather_mapped, _Where, open_cache
 
 from .data import MB, Check, Log
 
@@ -208,8 +208,8 @@ def lmdb_check(manifest: dict[str, Any], release: bool = False) -> tuple[int, in
 
 
 def release_cache(lmdb_path: str) -> None:
-    """Close this process's read-only handle on the cache at ``lmdb_path`` (``samplecache.reading.reader``'s)."""
-    from samplecache.reading import reader
+    """Close this process's read-only handle on the cache at ``lmdb_path`` (``samplecache.reading.blocks.reader``'s)."""
+    from samplecache.reading.blocks import reader
     got = reader._ENVS.pop(lmdb_path, None)
     if got is not None:
         got[1].close()

@@ -39,6 +39,6 @@ def __getattr__(name: str) -> Any:
         return MissingSource
     if name in ("MixedColumns", "LossyValue"):  # a column one source of a mixture lacks, or holds as a type
         # that cannot be unified; a value a source holds that the unified type cannot hold exactly
-        from samplecache.reading import layouts
+        from samplecache.reading.blocks import layouts
         return getattr(layouts, name)
     raise AttributeError(f"module 'samplecache' has no attribute {name!r}")

@@ -8,7 +8,7 @@ What it is told comes as one object per concern (``CacheOptions``, ``SplitOption
 ``samplecache.reading.options``, re-exported here). The PyTorch, TensorFlow, JAX/NumPy and DALI adapters sit on
 top.
 
-Words: a "reader" is the LMDB ``CacheReader`` (``samplecache.reading.reader``; ``EpochPlan.reader``); ``Reader``
+Words: a "reader" is the LMDB ``CacheReader`` (``samplecache.reading.blocks.reader``; ``EpochPlan.reader``); ``Reader``
 keeps its public name for the job read in one process, and adapters keep theirs at ``.reader``. One rank, or one
 of its DataLoader workers, reading its share of an epoch is a "worker".
 """
@@ -25,13 +25,12 @@ import numpy as np
 from samplecache.api.client import DaemonError, EpochGone, request_json
 from samplecache.format.record import Schema
 from samplecache.reading.batching import ahead, batch_groups, batch_items, gather_batches
-from samplecache.reading.bufferpool import BufferPool
-from samplecache.reading.deal import position_after
+from samplecache.reading.blocks.bufferpool import BufferPool
+from samplecache.reading.blocks.gather import default_threads
+from samplecache.reading.blocks.layouts import MixedColumns, read_schema
+from samplecache.reading.blocks.reader import split_batch
 from samplecache.reading.epoch_clock import EpochClock
 from samplecache.reading.epoch_source import EpochPlan, EpochSource, MissingColumn, check_columns
-from samplecache.reading.gather import default_threads
-from samplecache.reading.layouts import MixedColumns, read_schema
-from samplecache.reading.mixture import MixedOrder, mixture_counts
 from samplecache.reading.options import (
     DEFAULT_URL,
     BatchOptions,
@@ -39,8 +38,10 @@ from samplecache.reading.options import (
     Options,
     SplitOptions,
 )
+from samplecache.reading.ordering.deal import position_after
+from samplecache.reading.ordering.mixture import MixedOrder, mixture_counts
+from samplecache.reading.ordering.stream import Stream
 from samplecache.reading.prefetch import prefetched
-from samplecache.reading.reader import split_batch
 from samplecache.reading.resume import ForeignState, ResumeState, StaleState, epoch_number
 from samplecache.reading.split import (
     MissingSource,
@@ -53,7 +54,6 @@ from samplecache.reading.split import (
     rank_share,
     stream_for,
 )
-from samplecache.reading.stream import Stream
 
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
@@ -94,8 +94,8 @@ class Reader:
         self._pool: BufferPool | None = None
 
     def buffers(self) -> BufferPool:
-        """The reused output buffers of this process's columnar batches (``samplecache.reading.bufferpool``: a buffer
-        is written again only once no array of its batch is held)."""
+        """The reused output buffers of this process's columnar batches (``samplecache.reading.blocks.bufferpool``:
+        a buffer is written again only once no array of its batch is held)."""
         if self._pool is None:
             self._pool = BufferPool()
         return self._pool

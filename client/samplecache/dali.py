@@ -36,7 +36,7 @@ from samplecache.core import (
     SplitOptions,
 )
 from samplecache.images import image_bytes
-from samplecache.reading.reader import VALID_SUFFIX
+from samplecache.reading.blocks.reader import VALID_SUFFIX
 
 Feed = Callable[[Any], Any]  # one column of a core batch -> what external_source takes for it
 

@@ -61,11 +61,11 @@ from samplecache.core import (
     epoch_number,
 )
 from samplecache.format.record import Column
-from samplecache.reading.bufferpool import ALIGN  # noqa: F401 (ALIGN: re-exported)
-from samplecache.reading.bufferpool import BufferPool as Buffers
+from samplecache.reading.blocks.bufferpool import ALIGN  # noqa: F401 (ALIGN: re-exported)
+from samplecache.reading.blocks.bufferpool import BufferPool as Buffers
+from samplecache.reading.blocks.gather import default_threads
+from samplecache.reading.blocks.reader import VALID_SUFFIX
 from samplecache.reading.epoch_source import check_columns
-from samplecache.reading.gather import default_threads
-from samplecache.reading.reader import VALID_SUFFIX
 
 __all__ = ["Feed", "dataset", "element_spec", "MissingColumn"]
 

@@ -17,7 +17,7 @@ from paths import REPO
 
 from samplecache.arrays import _LAUNCH, NumpyBatches, launch_run, numpy_batches, position_from
 from samplecache.core import MissingColumn, Position
-from samplecache.reading.reader import split_batch
+from samplecache.reading.blocks.reader import split_batch
 
 pytestmark = pytest.mark.e2e
 README = REPO / "README.md"

@@ -1,4 +1,4 @@
-"""``samplecache.reading.bufferpool``: reused output buffers, never written while anything still holds them.
+"""``samplecache.reading.blocks.bufferpool``: reused output buffers, never written while anything still holds them.
 
 Unit tests of the pool (numpy arrays, torch tensors made with ``torch.from_numpy``, tensor-backed buffers as the
 pinned ones are), then the in-process PyTorch path end to end against a real daemon on a real S3 server: a batch
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from samplecache import SampleCacheDataset, SampleCacheLoader
-from samplecache.reading.bufferpool import ALIGN, MIN_BYTES, BufferPool
+from samplecache.reading.blocks.bufferpool import ALIGN, MIN_BYTES, BufferPool
 from samplecache_tools.launch import DaemonProcess
 
 F4 = np.dtype("<f4")

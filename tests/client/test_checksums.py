@@ -24,7 +24,7 @@ from samplecache.format.record import (
     decode_rows,
     verify_block,
 )
-from samplecache.reading.reader import VERIFY_ENV, CacheReader
+from samplecache.reading.blocks.reader import VERIFY_ENV, CacheReader
 from samplecache_service.remote.columns import infer_schema
 from samplecache_service.sampling.encoder import encode_table
 from samplecache_service.store.lmdbmeta import read_meta
@@ -210,7 +210,7 @@ def test_verify_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_a_block_is_hashed_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     built = dd.build(tmp_path, shards=1, rows=20)
     calls: list[tuple[int, int]] = []
-    import samplecache.reading.reader as reader_mod
+    import samplecache.reading.blocks.reader as reader_mod
     real = reader_mod.check_block
     monkeypatch.setattr(reader_mod, "check_block", lambda buf, s, b: (calls.append((s, b)), real(buf, s, b)))
     for _ in range(2):  # two readers (two epochs) of one cache in one process

@@ -26,7 +26,7 @@ import samplecache.reading.epoch_source as epoch_source  # noqa: E402
 from samplecache import DaemonError, SampleCacheDataset  # noqa: E402
 from samplecache.api.client import fetch_manifest  # noqa: E402
 from samplecache.format.record import FORMAT_VERSION, FormatError  # noqa: E402
-from samplecache.reading.reader import CacheNotVisible  # noqa: E402
+from samplecache.reading.blocks.reader import CacheNotVisible  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

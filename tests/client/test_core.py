@@ -26,8 +26,8 @@ from samplecache.core import (
     stream_for,
 )
 from samplecache.format.record import Column, Schema
+from samplecache.reading.blocks.reader import split_batch
 from samplecache.reading.epoch_source import EpochPlan
-from samplecache.reading.reader import split_batch
 
 FRAMEWORKS = ("torch", "tensorflow", "jax", "nvidia.dali")
 

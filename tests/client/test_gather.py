@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from samplecache.reading import gather, reader
+from samplecache.reading.blocks import gather, reader
 
 
 def jobs(n: int, width: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:

@@ -1,4 +1,4 @@
-"""How each source of a mixture holds the columns a job reads (samplecache.reading.layouts): column maps, types
+"""How each source of a mixture holds the columns a job reads (samplecache.reading.blocks.layouts): column maps, types
 unified over the sources by Arrow's permissive rules (checked against pyarrow itself), and blocks read widened."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from samplecache.format.blockenc import ColumnData, encode_block
 from samplecache.format.record import BlockView, Column, Schema
-from samplecache.reading.layouts import Layout, LossyValue, MappedView, column_maps, unified_dtype
+from samplecache.reading.blocks.layouts import Layout, LossyValue, MappedView, column_maps, unified_dtype
 from samplecache_service.remote.columns import infer_schema
 
 

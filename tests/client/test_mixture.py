@@ -1,4 +1,4 @@
-"""A mixture of sources as one global order (client/samplecache/reading/mixture.py): exact per-source counts,
+"""A mixture of sources as one global order (client/samplecache/reading/ordering/mixture.py): exact per-source counts,
 upsampling, stratified batches, determinism, and the same interface as EpochOrder."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from math import ceil, floor
 import numpy as np
 import pytest
 
-from samplecache.reading import mixture
-from samplecache.reading.deal import rank_batches
-from samplecache.reading.mixture import MIXES, MixedOrder, apportion, largest_epoch
-from samplecache.reading.order import EpochOrder, joined
-from samplecache.reading.stream import Stream
+from samplecache.reading.ordering import mixture
+from samplecache.reading.ordering.deal import rank_batches
+from samplecache.reading.ordering.mixture import MIXES, MixedOrder, apportion, largest_epoch
+from samplecache.reading.ordering.order import EpochOrder, joined
+from samplecache.reading.ordering.stream import Stream
 
 NAMES = ["web", "code", "math"]
 WEIGHTS = {"web": 0.7, "code": 0.2, "math": 0.1}

@@ -1,6 +1,6 @@
 """The epoch's split over ranks x DataLoader workers (invariants 4 and 5): one topology-free global order
-(client/samplecache/reading/order.py, partition.py), dealt batch by batch from a position (reading/deal.py),
-resumed at that position on any other topology and batch size (core.stream_for)."""
+(client/samplecache/reading/ordering/order.py, partition.py), dealt batch by batch from a position
+(reading/ordering/deal.py), resumed at that position on any other topology and batch size (core.stream_for)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from samplecache.core import Position, stream_for
-from samplecache.reading import stream as stream_module
-from samplecache.reading.deal import (
+from samplecache.reading.options import SplitOptions
+from samplecache.reading.ordering import stream as stream_module
+from samplecache.reading.ordering.deal import (
     PARTIAL,
     epoch_end,
     position_after,
@@ -23,9 +24,8 @@ from samplecache.reading.deal import (
     single_rank_items,
     worker_batches,
 )
-from samplecache.reading.options import SplitOptions
-from samplecache.reading.order import EpochOrder
-from samplecache.reading.partition import row_order, shard_order
+from samplecache.reading.ordering.order import EpochOrder
+from samplecache.reading.ordering.partition import row_order, shard_order
 
 Sample = tuple[int, int]  # (manifest index, row of that shard)
 
@@ -260,7 +260,7 @@ def test_an_orders_caches_are_shared_safely_by_threads() -> None:
     import threading
     from collections import OrderedDict
 
-    from samplecache.reading.order import kept
+    from samplecache.reading.ordering.order import kept
     cache: OrderedDict[int, np.ndarray] = OrderedDict()
     errors: list[BaseException] = []
 

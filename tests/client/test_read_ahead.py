@@ -14,7 +14,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from samplecache.reading import gather, prefetch, reader
+from samplecache.reading import prefetch
+from samplecache.reading.blocks import gather, reader
 
 
 def test_closing_the_consumer_stops_a_producer_waiting_to_put_at_once() -> None:

@@ -1,5 +1,5 @@
-"""The reader's cache identity (reading/reader.py): a manifest names the id of the cache it was sealed from, and a
-reader never takes its shard ids from another cache at the same path (a new cache numbers its shards from 1 again,
+"""The reader's cache identity (reading/blocks/reader.py): a manifest names the id of the cache it was sealed from,
+and a reader never takes its shard ids from another cache at the same path (a new cache numbers its shards from 1 again,
 so they would name other rows). A manifest sealed before caches had an id reads without the check."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from samplecache.format.manifest import Manifest
-from samplecache.reading import reader
+from samplecache.reading.blocks import reader
+from samplecache.reading.blocks.reader import CacheReader, CacheReplaced
 from samplecache.reading.epoch_source import EpochPlan
-from samplecache.reading.reader import CacheReader, CacheReplaced
 from samplecache_service.config.settings import Settings
 from samplecache_service.remote.columns import infer_schema
 from samplecache_service.store.cachedir import check_identity

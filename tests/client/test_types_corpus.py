@@ -29,7 +29,7 @@ import pytest
 from arrow_compare import assert_cells_equal, expected_cells
 
 from samplecache.format.record import Column, Schema, decode_rows
-from samplecache.reading.reader import CacheReader
+from samplecache.reading.blocks.reader import CacheReader
 from samplecache_service.remote.columns import infer_schema
 from samplecache_service.sampling.encoder import encode_table
 

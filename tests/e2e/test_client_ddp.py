@@ -26,7 +26,7 @@ from samplecache import SampleCacheDataset  # noqa: E402
 from samplecache.api.client import fetch_manifest  # noqa: E402
 from samplecache.core import loose_run  # noqa: E402
 from samplecache.format.manifest import unpack_shard_table  # noqa: E402
-from samplecache.reading.deal import epoch_end, rank_batches, worker_batches  # noqa: E402
+from samplecache.reading.ordering.deal import epoch_end, rank_batches, worker_batches  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -95,7 +95,7 @@ def global_sequence(url: str, epoch: int, shuffle: bool = True, seed: int = SEED
 
 def dealt(url: str, epoch: int, seq: list[int], unit: int, partial: str = "pad") -> list[list[int]]:
     """What each (rank, worker) reads of the global sequence ``seq``, rank-major: batches of ``unit`` dealt in
-    rank order step by step, each rank's batches round-robin over its workers (``samplecache.reading.deal``); a
+    rank order step by step, each rank's batches round-robin over its workers (``samplecache.reading.ordering.deal``); a
     per-sample dataset (``unit`` 1: a plain DataLoader's batch size is unknown) deals runs (``loose_run``)."""
     pack = loose_run(SampleCacheDataset(url, columns=["id"]).plan(epoch)) if unit == 1 else 1
     out = []

@@ -144,7 +144,7 @@ def staged_key(path: Path) -> str | None:
 def close_client_envs() -> None:
     """Close the LMDB handles the client cached in this process: LMDB must never be open twice in one process,
     and check_cache opens its own."""
-    from samplecache.reading import reader
+    from samplecache.reading.blocks import reader
 
     envs = getattr(reader, "_ENVS", {})
     for path, (_, env, _) in list(envs.items()):

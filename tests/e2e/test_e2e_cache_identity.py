@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from samplecache.api.client import fetch_manifest
+from samplecache.reading.blocks.reader import CacheReplaced
 from samplecache.reading.epoch_source import EpochPlan
-from samplecache.reading.reader import CacheReplaced
 
 pytestmark = pytest.mark.e2e
 

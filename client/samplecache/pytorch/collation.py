@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from samplecache.reading.reader import VALID_SUFFIX
+from samplecache.reading.blocks.reader import VALID_SUFFIX
 
 _NUMERIC = "biufMm"
 

@@ -31,11 +31,11 @@ from samplecache.core import (
 from samplecache.pytorch.collation import collate_into
 from samplecache.pytorch.topology import Topology, agreed_run, dist_rank_world, topology  # noqa: F401 (re-exported)
 from samplecache.pytorch.transport import Ring, ring_batch
-from samplecache.reading.bufferpool import BufferPool, plain
+from samplecache.reading.blocks.bufferpool import BufferPool, plain
+from samplecache.reading.blocks.gather import default_threads
 from samplecache.reading.epoch_clock import EpochClock
 from samplecache.reading.epoch_source import EpochSource
-from samplecache.reading.gather import default_threads
-from samplecache.reading.stream import Stream
+from samplecache.reading.ordering.stream import Stream
 
 _DATASETS = itertools.count()  # the n-th dataset made in a process: the same n on every rank
 
@@ -182,7 +182,8 @@ class SampleCacheDataset(IterableDataset):  # type: ignore[type-arg]
         return stream_for(plan, split, pos, start, self.deal_unit())
 
     def deal_unit(self) -> int:
-        """Samples of one batch of this rank: what the epoch's rest is dealt by (``samplecache.reading.deal``)."""
+        """Samples of one batch of this rank: what the epoch's rest is dealt by
+        (``samplecache.reading.ordering.deal``)."""
         return int(self.batch.batch_size or self.loader_batch or 1)
 
     def agree(self, epoch: int) -> int | None:

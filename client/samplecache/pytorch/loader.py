@@ -1,7 +1,7 @@
 """``SampleCacheLoader``: a DataLoader whose ``state_dict()`` resumes an epoch mid-way, with workers.
 
 The epoch is one global order; every step, each rank takes the next batch of it in rank order
-(``samplecache.reading.deal``), and its workers make its batches item by item, round-robin, which is the order
+(``samplecache.reading.ordering.deal``), and its workers make its batches item by item, round-robin, which is the order
 DataLoader hands them out in. So the batches this rank's training loop took (``k``) say where the whole job
 stands: ``start + k x ranks x batch`` samples of the order (DDP ranks step in lockstep). That position resumes
 on any number of ranks and workers, with any batch size: no sample repeated, none skipped. A batch a worker

@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from samplecache.reading.epoch_source import EpochPlan
+from samplecache.reading.ordering.stream import Stream
 from samplecache.reading.prefetch import prefetched_groups
-from samplecache.reading.stream import Stream
 
 AHEAD_BYTES = 8 << 20  # read ahead by the prefetch thread, beyond one chunk or batch
 BATCH_ALONE_BYTES = 1 << 20  # a batch at least this large is gathered on its own

@@ -27,10 +27,10 @@ from samplecache.api.job import JobClient, job_name, new_run
 from samplecache.api.lease import LeaseKeeper
 from samplecache.format.manifest import Manifest
 from samplecache.format.record import FORMAT_VERSION, FormatError, Schema
+from samplecache.reading.blocks.layouts import Layout, MixedColumns, column_maps
+from samplecache.reading.blocks.reader import CacheReader
 from samplecache.reading.epoch_clock import EpochClock
-from samplecache.reading.layouts import Layout, MixedColumns, column_maps
 from samplecache.reading.options import CacheOptions
-from samplecache.reading.reader import CacheReader
 
 log = logging.getLogger("samplecache.epochs")
 CHUNK_BYTES = 16 << 20  # bytes decoded per read transaction (and held by a chunk's samples)

@@ -13,8 +13,8 @@ import numbers
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Sequence
 
-from samplecache.reading.deal import PARTIAL
-from samplecache.reading.mixture import MIXES
+from samplecache.reading.ordering.deal import PARTIAL
+from samplecache.reading.ordering.mixture import MIXES
 
 DEFAULT_URL = "http://127.0.0.1:8750"
 
@@ -48,12 +48,12 @@ class CacheOptions:
 
 @dataclass(frozen=True)
 class SplitOptions:
-    """How an epoch is split and ordered (``partial``: see ``samplecache.reading.partition``). ``mixture``: each
-    named source's weight (normalised; None: every source in proportion to its resident samples, as one source
-    reads), read as exact per-source counts per epoch (``samplecache.reading.mixture``); ``mix``: "random" or
-    "stratified" (every global batch holds each source's share within one sample); ``epoch_samples``: the
-    epoch's length with a mixture (None: the largest no source repeats a sample in; more upsamples);
-    ``stratum``: a stratified epoch's block (0: the global batch, ranks x batch size)."""
+    """How an epoch is split and ordered (``partial``: see ``samplecache.reading.ordering.partition``).
+    ``mixture``: each named source's weight (normalised; None: every source in proportion to its resident samples,
+    as one source reads), read as exact per-source counts per epoch (``samplecache.reading.ordering.mixture``);
+    ``mix``: "random" or "stratified" (every global batch holds each source's share within one sample);
+    ``epoch_samples``: the epoch's length with a mixture (None: the largest no source repeats a sample in; more
+    upsamples); ``stratum``: a stratified epoch's block (0: the global batch, ranks x batch size)."""
 
     shuffle: bool = True
     seed: int = 0

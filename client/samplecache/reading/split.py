@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from samplecache.reading.deal import epoch_end, rank_batches, single_rank_items, worker_batches
 from samplecache.reading.epoch_source import EpochPlan
-from samplecache.reading.mixture import MixedOrder, mixture_counts
 from samplecache.reading.options import SplitOptions
-from samplecache.reading.order import EpochOrder, GlobalOrder
-from samplecache.reading.stream import Stream
+from samplecache.reading.ordering.deal import epoch_end, rank_batches, single_rank_items, worker_batches
+from samplecache.reading.ordering.mixture import MixedOrder, mixture_counts
+from samplecache.reading.ordering.order import EpochOrder, GlobalOrder
+from samplecache.reading.ordering.stream import Stream
 
 LOOSE_RUN = 256  # samples per worker turn when no batch size is known (a plain DataLoader), at most a read chunk
 

@@ -34,7 +34,7 @@ from parquet_data import write_dataset  # noqa: E402
 
 from samplecache.format.manifest import unpack_shard_table  # noqa: E402
 from samplecache.format.record import BlockView, Schema, record_key  # noqa: E402
-from samplecache.reading.reader import open_cache  # noqa: E402
+from samplecache.reading.blocks.reader import open_cache  # noqa: E402
 from samplecache_tools.launch import DaemonProcess  # noqa: E402
 
 FILES, ROWS_PER_FILE, ROW_GROUP = 3, 397, 61

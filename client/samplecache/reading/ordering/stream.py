@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from samplecache.reading.order import GlobalOrder, joined
+from samplecache.reading.ordering.order import GlobalOrder, joined
 
 DEFAULT_CHUNK = 4096
 FEW_RANGES = 32  # a chunk over fewer ranges reads each as a run; more (single samples dealt apart): vectorised

@@ -25,8 +25,8 @@ import numpy as np
 
 from samplecache.format.constants import CACHE_ID_KEY, MAX_READERS, META_DB
 from samplecache.format.record import BlockView, Schema, check_block, record_key
-from samplecache.reading.gather import PARALLEL_MIN_BYTES, copy_all, split
-from samplecache.reading.layouts import Layout, MappedView
+from samplecache.reading.blocks.gather import PARALLEL_MIN_BYTES, copy_all, split
+from samplecache.reading.blocks.layouts import Layout, MappedView
 
 VALID_SUFFIX = "__valid"  # batches: the mask of a fixed column with nulls
 LARGE_SAMPLE_BYTES = 64 << 10  # samples this large are copied one by one (over threads), smaller ones gathered

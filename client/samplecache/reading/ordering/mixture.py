@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from samplecache.reading.order import EpochOrder, kept
+from samplecache.reading.ordering.order import EpochOrder, kept
 
 MIXES = ("random", "stratified")
 CHUNK = 1 << 16  # positions whose labels are made together (and cached)

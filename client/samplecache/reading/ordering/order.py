@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from samplecache.reading.partition import row_order, shard_order
+from samplecache.reading.ordering.partition import row_order, shard_order
 
 CACHED_ORDERS = 256  # shard row orders (and windows) kept: readers sweep the order, so recent ones are reused
 _KEPT_LOCK = threading.Lock()  # the caches' own bookkeeping (get, move, evict), never held while a value is made
