@@ -43,6 +43,8 @@ def test_import_contracts_hold() -> None:
      "never imports the daemon"),
     # the wire format importing a side
     ("client/samplecache/format/nested.py", "from samplecache.api import client", "imports neither side"),
+    # the order reaching for the blocks
+    ("client/samplecache/reading/ordering/stream.py", "from samplecache.reading.blocks import gather", "stay apart"),
     # one benchmark reaching into another's package, or the harness into a benchmark
     ("benchmarks/tf_feed.py", "from benchmarks.suite import peers", "stands alone"),
     ("benchmarks/harness/data.py", "from benchmarks.ingest import report", "stands alone"),
