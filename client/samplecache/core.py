@@ -22,15 +22,14 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from samplecache.api.client import DaemonError, EpochGone, request_json
-from samplecache.format.record import Schema
+from samplecache.api.client import DaemonError, EpochGone
 from samplecache.reading.batching import ahead, batch_groups, batch_items, gather_batches
 from samplecache.reading.blocks.bufferpool import BufferPool
 from samplecache.reading.blocks.gather import default_threads
-from samplecache.reading.blocks.layouts import MixedColumns, read_schema
+from samplecache.reading.blocks.layouts import MixedColumns
 from samplecache.reading.blocks.reader import split_batch
 from samplecache.reading.epoch_clock import EpochClock
-from samplecache.reading.epoch_source import EpochPlan, EpochSource, MissingColumn, check_columns
+from samplecache.reading.epoch_source import EpochPlan, EpochSource, MissingColumn
 from samplecache.reading.options import (
     DEFAULT_URL,
     BatchOptions,
@@ -43,6 +42,7 @@ from samplecache.reading.ordering.mixture import MixedOrder, mixture_counts
 from samplecache.reading.ordering.stream import Stream
 from samplecache.reading.prefetch import prefetched
 from samplecache.reading.resume import ForeignState, ResumeState, StaleState, epoch_number
+from samplecache.reading.sources import await_sources, job_schema
 from samplecache.reading.split import (
     MissingSource,
     Position,
@@ -156,65 +156,13 @@ class Reader:
                             f"with the epoch the daemon names", e.status, e.body, e.attempts) from e
 
     def await_sources(self, mixture: Mapping[str, float]) -> None:
-        """Wait up to ``wait`` seconds until every source the mixture gives a share to holds a sample; then raise
-        ``MissingSource`` naming each that does not, and why: unknown to the daemon (naming its sources), failing
-        (its problem), or still empty (its state). A daemon without ``/v1/sources`` is not asked."""
-        s = self.source
-        wanted = [n for n, w in mixture.items() if w > 0]
-        deadline = time.monotonic() + max(0.0, self.cache.wait)
-        while True:
-            try:
-                listed = request_json(f"{s.url}/v1/sources", token=s.token, retries=s.retries, deadline=s.deadline,
-                                      what="reading the daemon's sources")
-            except DaemonError as e:
-                if e.status == 404:
-                    return
-                raise
-            got = {x["name"]: x for x in listed}
-            unknown = [n for n in wanted if n not in got]
-            if unknown:
-                raise MissingSource(f"the mixture gives a share to source(s) {unknown}, which the daemon does not "
-                                    f"have; its sources are {sorted(got)}")
-            empty = [n for n in wanted if not got[n]["samples"]]
-            if not empty:
-                return
-            if time.monotonic() >= deadline:
-                why = "; ".join(f"{n}: " + (f"failing ({got[n]['problem']})" if got[n].get("problem") else
-                                           f"still empty ({got[n]['state']}"
-                                           + (f": {got[n]['reason']})" if got[n].get("reason") else ")"))
-                                for n in empty)
-                raise MissingSource(f"the mixture gives a share to source(s) {empty}, which hold no sample after "
-                                    f"waiting {self.cache.wait:g} s: {why}")
-            time.sleep(0.5)
+        """Wait up to ``wait`` seconds for every source the mixture gives a share to (``reading.sources``)."""
+        await_sources(self.source, mixture, self.cache.wait)
 
     def schema(self) -> dict[str, Any]:
-        """``GET /v1/schema``, its ``columns`` narrowed to (and in the order of) the columns asked for: each
-        with ``name``, ``kind``, ``dtype``, ``shape``, ``nullable``. With several sources, the types the batches
-        come in: each column's unified over the sources read (the mixture's, else every one). Raises
-        ``MissingColumn``."""
-        s = self.source
-
-        def get(path: str, retries: int | None = s.retries) -> Any:
-            return request_json(f"{s.url}{path}", token=s.token, retries=retries, deadline=s.deadline,
-                                what="reading the cache's schema")
-        got: dict[str, Any] = get("/v1/schema")
-        by_name = {c["name"]: c for c in got["columns"]}
-        mixture = self.split.mixture
-        names = sorted(x["name"] for x in get("/v1/sources") if not mixture or mixture.get(x["name"], 0) > 0)
-        schemas: dict[str, Schema] = {}
-        for n in names if len(names) > 1 else ():
-            try:
-                schemas[n] = Schema.from_json(get(f"/v1/schema?source={n}", retries=0))
-            except DaemonError as e:  # a source not discovered yet (503) or just removed (404): its read says
-                if e.status not in (404, 503):
-                    raise
-        if len(schemas) > 1:
-            read = read_schema(schemas, list(self.cache.columns) if self.cache.columns is not None
-                               else list(by_name), self.cache.fill_missing)
-            by_name = {c.name: {**by_name.get(c.name, {}), **c.to_json()} for c in read.columns}
-        wanted = list(self.cache.columns) if self.cache.columns is not None else list(by_name)
-        check_columns(wanted, list(by_name), got.get("skipped_columns"))
-        return {**got, "columns": [by_name[c] for c in wanted]}
+        """``GET /v1/schema`` for the columns asked for, each column's type the one the batches come in
+        (``reading.sources.job_schema``). Raises ``MissingColumn``."""
+        return job_schema(self.source, self.cache.columns, self.cache.fill_missing, self.split.mixture)
 
     # -- the split ------------------------------------------------------------------------------------------------
     def split_for(self, epoch: int) -> SplitOptions:
