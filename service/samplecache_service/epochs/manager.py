@@ -159,7 +159,7 @@ class EpochManager:
             raw = self.catalog.manifest_bytes(epoch)
             if not raw:
                 return frozenset()  # not sealed, or no longer kept: never cached as "no shards"
-            got = self._ids[epoch] = frozenset(self._named(epoch, raw).tolist())
+            got = self._ids[epoch] = frozenset(self.named_ids(epoch, raw).tolist())
             self._forget_dropped()
         return got
 
@@ -170,7 +170,7 @@ class EpochManager:
             for e in [e for e in cache if e not in kept]:
                 del cache[e]
 
-    def _named(self, epoch: int, raw: bytes | None = None) -> np.ndarray:
+    def named_ids(self, epoch: int, raw: bytes | None = None) -> np.ndarray:
         """The ids of the shards ``epoch`` names, ascending (empty when it is not sealed or no longer kept)."""
         got = self._id_arrays.get(epoch)
         if got is None:
@@ -178,6 +178,7 @@ class EpochManager:
             if not raw:
                 return np.zeros(0, np.int64)
             got = self._id_arrays[epoch] = Manifest.from_json(json.loads(raw)).table()[:, 0].copy()
+            self._forget_dropped()
         return got
 
     def pinned_epochs(self) -> set[int]:
@@ -271,7 +272,7 @@ class EpochManager:
 
     async def _seal(self, epoch: int, cap: int, grant: bool) -> bytes:
         """Seal ``epoch`` (the next one) from the shards resident now. The caller holds ``_lock``."""
-        previous = self._named(epoch - 1) if epoch > 0 else np.zeros(0, np.int64)
+        previous = self.named_ids(epoch - 1) if epoch > 0 else np.zeros(0, np.int64)
         fields = self.manifest_fields()
         key = self._made_from()
         made: list[Manifest] = []  # the manifest, once built (not when it was there already)

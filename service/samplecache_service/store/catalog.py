@@ -206,6 +206,11 @@ class Catalog:
         with self._lock:
             return self._table.columns()
 
+    def resident_count(self, ids: np.ndarray) -> int:
+        """How many of the distinct shard ids ``ids`` are resident (a search in the id column, not a lookup each)."""
+        with self._lock:
+            return self._table.resident(ids)
+
     def shard(self, shard_id: int) -> Shard | None:
         with self._lock:
             self._catch_up()

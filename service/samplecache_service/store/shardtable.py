@@ -125,6 +125,11 @@ class ShardTable:
             self._alive[at] = False
             self._dead += len(at)
 
+    def resident(self, ids: np.ndarray) -> int:
+        """How many of the distinct shard ids ``ids`` are resident."""
+        at = self._slots(np.asarray(ids, np.int64))
+        return int(np.count_nonzero(self._alive[at]))
+
     def used(self, ids: np.ndarray, epoch: int) -> None:
         """The shards ``ids`` were named by sealed ``epoch``."""
         at = self._slots(np.asarray(ids, np.int64))

@@ -243,3 +243,19 @@ def test_a_job_table_blob_beside_records_wins_over_them(cache: Cache) -> None:
     cache.writer.submit(lambda txn: None).result()
     keys = cache.meta_keys()
     assert "jobs" not in keys and keys[JOB_PREFIX + "a"]["epochs"] == {"0": 9}
+
+
+def test_an_epochs_missing_shards_are_counted_as_they_go(cache: Cache) -> None:
+    """What GET/POST of a job's epoch answer 410 from: the epoch's shards that are no longer resident."""
+    from samplecache_service.store.catalog import Shard
+    shards = [Shard(id=i, key=f"k{i}", path="a.parquet", row_group=i, unit=i, cycle=0, rows=3, bytes=30,
+                    rows_per_block=3, blocks=1, created=0.0) for i in range(1, 6)]
+    for s in shards:
+        cache.catalog.added_shard(s)
+    cache.writer.seal(0, lambda: build_manifest(0, cache.catalog.columns(), {}, "x", 1 << 26, 0, "s3://b/",
+                                                np.zeros(0, np.int64))).result()
+    assert cache.leasing.missing_shards(0) == 0 and len(cache.epochs.named_ids(0)) == 5
+    for sid in (2, 5):
+        cache.catalog.removed_shard(sid)
+    assert cache.leasing.missing_shards(0) == 2
+    assert cache.leasing.missing_shards(7) == 0  # not sealed: names nothing

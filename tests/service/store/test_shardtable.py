@@ -35,6 +35,8 @@ def test_the_columns_are_the_records_in_id_order(ops: list[tuple[bool, int]]) ->
     assert [cols.sources[k] for k in cols.source.tolist()] == [live[i].source for i in ids]
     assert cols.of_source("web").tolist() == [live[i].source == "web" for i in ids]
     assert cols.in_files(["f1", "nope"]).tolist() == [live[i].path == "f1" for i in ids]
+    asked = np.unique(np.array([sid for _, sid in ops] + [0, 5000], np.int64))  # removed, live, never there
+    assert table.resident(asked) == len(set(asked.tolist()) & set(live))
 
 
 def test_a_seal_sets_last_used_for_its_shards_only() -> None:
