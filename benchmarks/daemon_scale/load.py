@@ -1,10 +1,10 @@
 """Load on a running daemon and what its process uses (``benchmarks.daemon_scale``).
 
-``load(port, path, clients, k, expected, procs)``: ``clients`` concurrent keep-alive HTTP clients (spread over
-``procs`` spawned processes x threads, released together once every process is up), ``k`` GETs of ``path``
-each; every body must equal ``expected``; latency percentiles, requests/s, MB/s, errors. ``sequential(url,
-n)``: one client, ``n`` GETs. ``memory(pid)``: VmRSS / VmHWM / RssAnon / RssFile of the daemon and the RSS
-of each child (its samplers); ``cpu_seconds(pid)``.
+``load(port, path, clients, k, expected, procs, method, token)``: ``clients`` concurrent keep-alive HTTP clients
+(spread over ``procs`` spawned processes x threads, released together once every process is up), ``k`` requests
+of ``path`` each (GET, or POST with an empty JSON body and the API ``token``); every body must equal ``expected``;
+latency percentiles, requests/s, MB/s, errors. ``sequential(url, n)``: one client, ``n`` GETs. ``memory(pid)``:
+VmRSS / VmHWM / RssAnon / RssFile of the daemon and the RSS of each child (its samplers); ``cpu_seconds(pid)``.
 """
 
 from __future__ import annotations
@@ -67,14 +67,18 @@ def memory(pid: int) -> dict[str, Any]:
             "sampler_rss": kids}
 
 
-def _client_thread(port: int, path: str, k: int, expected: bytes, out: dict[str, Any]) -> None:
+def _client_thread(port: int, path: str, k: int, expected: bytes, out: dict[str, Any], method: str = "GET",
+                   token: str | None = None) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    body, headers = (b"{}", {"Content-Type": "application/json"}) if method == "POST" else (None, {})
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     lat, errors, nbytes = [], [], 0
     try:
         for _ in range(k):
             t0 = time.perf_counter()
             try:
-                conn.request("GET", path)
+                conn.request(method, path, body, headers)
                 r = conn.getresponse()
                 body = r.read()
             except (OSError, http.client.HTTPException) as e:
@@ -93,9 +97,9 @@ def _client_thread(port: int, path: str, k: int, expected: bytes, out: dict[str,
 
 
 def _client_proc(port: int, path: str, threads: int, k: int, expected: bytes, ready: Any, go: Any,
-                 q: Any) -> None:
+                 q: Any, method: str = "GET", token: str | None = None) -> None:
     results: list[dict[str, Any]] = [{} for _ in range(threads)]
-    ts = [threading.Thread(target=_client_thread, args=(port, path, k, expected, results[i]))
+    ts = [threading.Thread(target=_client_thread, args=(port, path, k, expected, results[i], method, token))
           for i in range(threads)]
     ready.put(os.getpid())
     go.wait()
@@ -106,14 +110,16 @@ def _client_proc(port: int, path: str, threads: int, k: int, expected: bytes, re
     q.put(results)
 
 
-def load(port: int, path: str, clients: int, k: int, expected: bytes, procs: int) -> dict[str, Any]:
+def load(port: int, path: str, clients: int, k: int, expected: bytes, procs: int,
+         method: str = "GET", token: str | None = None) -> dict[str, Any]:
     """``clients`` concurrent keep-alive clients (``procs`` processes x threads), ``k`` requests each,
     released together once every process is up."""
     procs = max(1, min(procs, clients))
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     ctx = mp.get_context("spawn")
     q, ready, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    ps = [ctx.Process(target=_client_proc, args=(port, path, n, k, expected, ready, go, q)) for n in per if n]
+    ps = [ctx.Process(target=_client_proc, args=(port, path, n, k, expected, ready, go, q, method, token))
+          for n in per if n]
     for p in ps:
         p.start()
     for _ in ps:

@@ -67,6 +67,7 @@ from ..harness import (
     cli,
     fmt,
     http_get,
+    http_post,
     human,
     log,
     missing,
@@ -179,6 +180,17 @@ def run_scale(spec: CacheSpec, root: Path, clients: int, k: int, procs: int) -> 
             problems.append(f"compact: {c['errors']} failed/mismatched responses: {c['error_examples']}")
         log(f"scale: compact manifest ({human(len(compact))}), {clients} clients x {k}: p50 "
             f"{c.get('p50_ms', 0):.1f} ms, p99 {c.get('p99_ms', 0):.1f} ms, max {c.get('max_ms', 0):.1f} ms")
+        # every rank and DataLoader worker of a job asks which daemon epoch its epoch reads (the first maps it)
+        run, token = "5ca1e0000000000d", (cache / "api-token").read_text().strip()
+        http_post(d.url + "/v1/jobs", {"name": "scale", "run": run}, token)
+        job_path = f"/v1/jobs/scale/epochs/0?run={run}"
+        mapped = http_post(d.url + job_path, {}, token)
+        res["concurrent_map"] = load(d.port, job_path, clients, k, mapped, procs, method="POST", token=token)
+        c = res["concurrent_map"]
+        if c["errors"] or c["requests"] != clients * k:
+            problems.append(f"job epoch map: {c['errors']} failed/mismatched responses: {c['error_examples']}")
+        log(f"scale: POST {job_path}, {clients} clients x {k}: p50 {c.get('p50_ms', 0):.1f} ms, p99 "
+            f"{c.get('p99_ms', 0):.1f} ms, max {c.get('max_ms', 0):.1f} ms")
         res["memory_after_load"] = memory(pid)
         res["status_after_load"] = sequential(d.url + "/v1/status", 20)
     finally:
@@ -223,11 +235,13 @@ def summary(res: dict[str, Any]) -> str:
                   f"GET /v1/epochs/0 ({s['manifest_bytes'] / MB:.2f} MB each)",
                   f"{'clients':>7} {'requests':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8} "
                   f"{'req/s':>7} {'MB/s':>7} {'errors':>6}"]
-        for r in (one, c):
+        rows = [one, c] + [s[k] for k in ("concurrent_compact", "concurrent_map") if k in s]
+        for r, what in zip(rows, ["", "", " (compact)", " (a job's epoch mapped: POST)"]):
             lines.append(f"{r['clients']:>7} {r['requests']:>8} {fmt(r.get('p50_ms'), '.1f'):>8} "
                          f"{fmt(r.get('p95_ms'), '.1f'):>8} {fmt(r.get('p99_ms'), '.1f'):>8} "
                          f"{fmt(r.get('max_ms'), '.1f'):>8} "
-                         f"{fmt(r['requests_per_s'], '.1f'):>7} {fmt(r['mb_per_s'], '.0f'):>7} {r['errors']:>6}")
+                         f"{fmt(r['requests_per_s'], '.1f'):>7} {fmt(r['mb_per_s'], '.0f'):>7} {r['errors']:>6}"
+                         f"{what}")
         lines.append("target: p99 <= 50 ms with 64 concurrent clients; the clients run on the same host")
         if s["problems"]:
             lines += ["", "PROBLEMS:"] + [f"  {p}" for p in s["problems"]]

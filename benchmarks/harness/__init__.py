@@ -12,7 +12,8 @@ Modules (each documents its part; the names below are re-exported here):
               ``read_json``, ``write_json``, ``MB`` (10**6), ``BENCH_FORMAT``, ``LARGE_STRIDE``.
 * ``daemon``  the real daemon: ``start_daemon(source, cache, samplers=, max_bytes=, log_path=, extra=, env=,
               ready=)`` -> ``DaemonProcess``, ``stop_daemon(d)``, ``wait_samples(d, n, log, name=, budget=)``,
-              ``wait_idle(d, t0)``, ``fetch_epoch(d, 0)``, ``all_shards(d)``, ``http_json``, ``http_get``;
+              ``wait_idle(d, t0)``, ``fetch_epoch(d, 0)``, ``all_shards(d)``, ``http_json``, ``http_get``,
+              ``http_post``;
               for a generated ``Spec``: ``build_cache(spec, root, log)`` -> epoch 0's manifest (reused) and
               ``serve(spec, root, manifest)`` -> the idle daemon on it.
 * ``s3``      a real S3 server: ``s3_server(root)`` (context manager; ``samplecache_tools.s3server.S3Server``),
@@ -54,6 +55,7 @@ from .daemon import (
                      fetch_epoch,
                      http_get,
                      http_json,
+                     http_post,
                      serve,
                      start_daemon,
                      stop_daemon,
@@ -94,7 +96,8 @@ from .verify import Row, Tally, batches_pass, fail, lmdb_check, lmdb_scan, measu
 __all__ = [
     "BENCH_FORMAT", "LARGE_STRIDE", "MB", "NEEDS", "Check", "Missing", "Row", "Spec", "Tally", "all_shards", "arrow_xy",
     "batches_pass", "build_cache", "common", "exit_code", "fail", "fetch_epoch", "find_tool", "finish", "fmt",
-    "generate", "host", "http_get", "http_json", "human", "ints", "lmdb_check", "lmdb_scan", "load_note", "loadavg",
+    "generate", "host", "http_get", "http_json", "http_post", "human", "ints", "lmdb_check", "lmdb_scan",
+    "load_note", "loadavg",
     "loader_sizes", "log", "machine", "make_specs", "measure", "missing", "missing_lines", "missing_report",
     "parquet_files", "parse_size", "parser", "print_missing", "read_json", "release_cache", "require",
     "row_group_ranges", "rows_json", "s3_server", "s3fs_options", "serve", "sizes", "start_daemon", "stop_daemon",

@@ -36,6 +36,14 @@ def http_json(url: str, timeout: float = 30.0) -> Any:
     return json.loads(http_get(url, timeout))
 
 
+def http_post(url: str, body: Any, token: str | None = None, timeout: float = 30.0) -> bytes:
+    """POST ``body`` as JSON (with the daemon's API ``token``, when it needs one); the response's bytes."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read()  # type: ignore[no-any-return]
+
+
 def start_daemon(source: str, cache: Path, *, samplers: int = 2, max_bytes: int | None = None,
                  log_path: Path | None = None, log_level: str | None = "warning", extra: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, timeout: float = 120.0, ready: bool = True) -> DaemonProcess:
