@@ -114,6 +114,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return PORT_IN_USE
     finally:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no reload while the daemon stops
+        if not reloader.stop():
+            logging.getLogger("samplecache.cli").error(
+                "a settings reload is still running at stop", extra={"event": "stop_left_reload_running"})
         daemon.stop()
     if daemon.health.fatal:
         if settings.log_format != "json":  # the JSON log has it already (event daemon_fatal)

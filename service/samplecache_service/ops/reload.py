@@ -65,6 +65,7 @@ class Reloader:
         self.current = loaded.settings
         self._lock = threading.Lock()
         self._wanted = threading.Event()
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self.state: dict[str, Any] = {"file": str(loaded.config.path) if loaded.config.path else None,
                                       "reloads": 0, "last_reload_at": None, "last_error": None,
@@ -84,12 +85,24 @@ class Reloader:
             while True:
                 self._wanted.wait()
                 self._wanted.clear()
+                if self._stopping:
+                    return
                 try:
                     self.reload()
                 except Exception:  # noqa: BLE001 - a reload never takes the daemon down; said in the log
                     log.exception("reload failed", extra={"event": "config_reload_failed"})
         self._thread = threading.Thread(target=loop, name="reload", daemon=True)
         self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """No reload from now on; wait up to ``timeout`` s for one under way (it may be adding a source: the
+        daemon's stop closes LMDB after it). False: one is still running."""
+        self._stopping = True
+        self._wanted.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
     def reload(self) -> dict[str, Any]:
         """Load the settings again and apply what changed; returns what happened (also logged)."""

@@ -99,3 +99,31 @@ def test_sighup_while_the_daemon_starts_does_not_kill_it(tmp_path: Path) -> None
         for c in conns:
             c.close()
         stall.close()
+
+
+def test_a_stop_waits_for_a_reload_under_way_and_ends_the_reloads(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon's stop closes LMDB: a reload still changing its sources must end first (or be named)."""
+    import threading
+    default = tmp_path / "samplecache.toml"
+    monkeypatch.setattr(config_mod, "DEFAULT_CONFIG", default)
+    inside, go_on = threading.Event(), threading.Event()
+
+    class Slow(_Daemon):
+        def configure(self, **kw: Any) -> "Future[None]":
+            inside.set()
+            go_on.wait(10)
+            return super().configure(**kw)
+    d = Slow()
+    reloader = Reloader({"source": "s3://b/p/"}, None, load({"source": "s3://b/p/"}), d,  # type: ignore[arg-type]
+                        lambda level: None)
+    reloader.start()
+    default.write_text('max_bytes = "3GiB"\n')
+    reloader.request()
+    assert inside.wait(10)
+    assert reloader.stop(timeout=0.2) is False  # still inside the daemon
+    go_on.set()
+    assert reloader.stop(timeout=10) is True and d.calls == [{"max_bytes": 3 * 2**30}]
+    default.write_text('max_bytes = "4GiB"\n')
+    reloader.request()  # after the stop: no reload
+    assert reloader.state["reloads"] == 1 and d.calls == [{"max_bytes": 3 * 2**30}]
