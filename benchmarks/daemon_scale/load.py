@@ -70,7 +70,7 @@ def memory(pid: int) -> dict[str, Any]:
 def _client_thread(port: int, path: str, k: int, expected: bytes, out: dict[str, Any], method: str = "GET",
                    token: str | None = None) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    body, headers = (b"{}", {"Content-Type": "application/json"}) if method == "POST" else (None, {})
+    sent, headers = (b"{}", {"Content-Type": "application/json"}) if method == "POST" else (None, {})
     if token:
         headers["Authorization"] = f"Bearer {token}"
     lat, errors, nbytes = [], [], 0
@@ -78,7 +78,7 @@ def _client_thread(port: int, path: str, k: int, expected: bytes, out: dict[str,
         for _ in range(k):
             t0 = time.perf_counter()
             try:
-                conn.request(method, path, body, headers)
+                conn.request(method, path, sent, headers)
                 r = conn.getresponse()
                 body = r.read()
             except (OSError, http.client.HTTPException) as e:

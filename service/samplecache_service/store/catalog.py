@@ -116,6 +116,7 @@ class Catalog:
         self.files_version = 0
         self._removed: tuple[int, frozenset[str]] = (-1, frozenset())  # (files_version, removed files' paths)
         self.shards_version = 0  # changes whenever a shard is added or removed
+        self.removals = 0  # shards removed so far (ids are never reused: what an epoch misses changes only then)
         self._table = ShardTable()  # the resident shards as columns: what a seal reads
         self._used_stale = False  # the table's last-used epochs are newer than the records' (see shards())
         self._summaries: dict[int, dict[str, Any]] = {}  # kept epochs' summaries (status, jobs)
@@ -330,6 +331,7 @@ class Catalog:
             if s is not None:
                 self._table.remove(shard_id)
                 self.shards_version += 1
+                self.removals += 1
                 self._state.keys.discard(s.key)
                 self._count(s, -1)
                 self.resident_bytes -= s.bytes

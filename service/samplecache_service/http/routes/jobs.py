@@ -119,7 +119,15 @@ async def map_epoch(jobs: JobsDep, leasing: LeasingDep, epochs: EpochsDep, name:
     """The daemon epoch that the job's epoch reads: the first request seals a new one from the shards resident
     now (or maps the sealed ``daemon_epoch`` asked for); every later request of the job (any rank, worker or
     host) gets the same. 410 when its shards were evicted (its leases ended), with ``next_epoch`` to go on at."""
-    jobs.job(name, run)  # 404 / 409 before waiting for the lock
+    mapped = jobs.job(name, run).epochs.get(job_epoch)  # 404 / 409 before waiting for the lock
+    if mapped is not None and daemon_epoch in (None, mapped) and not jobs.lock(name).locked():
+        # mapped already, and no mapping of the job under way (a mapping holds the lock until it is on disk):
+        # every rank and worker after the first asks this, none of them queues
+        missing = leasing.missing_shards(mapped)
+        if missing:
+            raise _gone(leasing, jobs.job(name, run), job_epoch, mapped, missing)
+        return {"job": name, "job_epoch": job_epoch, "daemon_epoch": mapped,
+                "samples": epochs.summary(mapped).get("samples", 0)}
     async with jobs.lock(name):  # one mapping at a time per job: its ranks and workers ask at once
         job = jobs.job(name, run)  # again: the job may have been taken over while this request waited
         mapped = job.epochs.get(job_epoch)
