@@ -181,7 +181,8 @@ def run_scale(spec: CacheSpec, root: Path, clients: int, k: int, procs: int) -> 
         log(f"scale: compact manifest ({human(len(compact))}), {clients} clients x {k}: p50 "
             f"{c.get('p50_ms', 0):.1f} ms, p99 {c.get('p99_ms', 0):.1f} ms, max {c.get('max_ms', 0):.1f} ms")
         # every rank and DataLoader worker of a job asks which daemon epoch its epoch reads (the first maps it)
-        run, token = "5ca1e0000000000d", (cache / "api-token").read_text().strip()
+        token_file = cache / "api-token"  # the daemon's own, when it authenticates (its default on this host)
+        run, token = "5ca1e0000000000d", token_file.read_text().strip() if token_file.exists() else None
         http_post(d.url + "/v1/jobs", {"name": "scale", "run": run}, token)
         job_path = f"/v1/jobs/scale/epochs/0?run={run}"
         mapped = http_post(d.url + job_path, {}, token)
@@ -235,8 +236,10 @@ def summary(res: dict[str, Any]) -> str:
                   f"GET /v1/epochs/0 ({s['manifest_bytes'] / MB:.2f} MB each)",
                   f"{'clients':>7} {'requests':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8} "
                   f"{'req/s':>7} {'MB/s':>7} {'errors':>6}"]
-        rows = [one, c] + [s[k] for k in ("concurrent_compact", "concurrent_map") if k in s]
-        for r, what in zip(rows, ["", "", " (compact)", " (a job's epoch mapped: POST)"]):
+        rows = [(one, ""), (c, "")] + [(s[k], what) for k, what in (("concurrent_compact", " (compact)"),
+                                                                   ("concurrent_map", " (a job's epoch mapped: POST)"))
+                                        if k in s]
+        for r, what in rows:
             lines.append(f"{r['clients']:>7} {r['requests']:>8} {fmt(r.get('p50_ms'), '.1f'):>8} "
                          f"{fmt(r.get('p95_ms'), '.1f'):>8} {fmt(r.get('p99_ms'), '.1f'):>8} "
                          f"{fmt(r.get('max_ms'), '.1f'):>8} "

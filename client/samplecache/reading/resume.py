@@ -1,5 +1,6 @@
 """Where a job's reading stands, as documented JSON (README, "Resuming"): one position in the epoch's topology-free
-global order (``order.py``), from which the rest is dealt to whatever topology resumes (``deal.py``), with the
+global order (``ordering/order.py``), from which the rest is dealt to whatever topology resumes (``ordering/deal.py``),
+with the
 epoch's mixture when it has one."""
 
 from __future__ import annotations

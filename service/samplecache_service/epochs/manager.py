@@ -166,9 +166,9 @@ class EpochManager:
     def _forget_dropped(self) -> None:
         """Drop the cached ids of epochs no longer kept (their manifests were pruned)."""
         kept = set(self.catalog.epochs())
-        for cache in (self._ids, self._id_arrays):
-            for e in [e for e in cache if e not in kept]:
-                del cache[e]
+        for cache in (self._ids, self._id_arrays):  # the writer's thread and the event loop's may both be here
+            for e in [e for e in list(cache) if e not in kept]:
+                cache.pop(e, None)
 
     def named_ids(self, epoch: int, raw: bytes | None = None) -> np.ndarray:
         """The ids of the shards ``epoch`` names, ascending (empty when it is not sealed or no longer kept)."""

@@ -53,6 +53,9 @@ def changes(old: Settings, new: Settings, live: Mapping[str, Any] | None = None
     return runtime, [n for n in Settings.model_fields if n not in RUNTIME and getattr(old, n) != getattr(new, n)]
 
 
+STOP_WAIT_S = 65.0  # a stop waits this long for a reload under way (it gives the daemon 60 s to take settings)
+
+
 class Reloader:
     """Owns the settings as last loaded; ``request()`` (from a signal handler) reloads them on a thread of its own."""
 
@@ -74,6 +77,8 @@ class Reloader:
     def request(self) -> None:
         """Safe to call from a signal handler: it only sets an event (a thread started beforehand does the work;
         starting a thread here could deadlock on threading's own lock, held by the interrupted code)."""
+        if self._stopping:
+            return
         self._wanted.set()
         if self._thread is None:  # not started (a direct call outside serve): reload on this thread
             self._wanted.clear()
@@ -94,7 +99,7 @@ class Reloader:
         self._thread = threading.Thread(target=loop, name="reload", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> bool:
+    def stop(self, timeout: float = STOP_WAIT_S) -> bool:
         """No reload from now on; wait up to ``timeout`` s for one under way (it may be adding a source: the
         daemon's stop closes LMDB after it). False: one is still running."""
         self._stopping = True
