@@ -10,9 +10,10 @@ from math import ceil, floor
 import numpy as np
 import pytest
 
-from samplecache.reading.ordering import mixture
+from samplecache.reading.ordering import apportion as apportion_module
+from samplecache.reading.ordering.apportion import apportion, largest_epoch
 from samplecache.reading.ordering.deal import rank_batches
-from samplecache.reading.ordering.mixture import MIXES, MixedOrder, apportion, largest_epoch
+from samplecache.reading.ordering.mixture import MIXES, MixedOrder
 from samplecache.reading.ordering.order import EpochOrder, joined
 from samplecache.reading.ordering.stream import Stream
 
@@ -198,15 +199,15 @@ def reference_blocks(n: list[int], a: list[int], B: int) -> np.ndarray:
                                          ([13, 29, 58], 64, 20000), ([1, 9], 1, 57)])
 def test_block_counts_repeat_whole_periods_as_the_rule_would(a, B, total) -> None:
     n = apportion(total, a)
-    got = mixture._block_counts(n, a, B)
+    got = apportion_module.block_counts(n, a, B)
     assert np.array_equal(got, reference_blocks(n, a, B))
     assert got.sum(axis=0).tolist() == n
 
 
 def test_random_counts_past_the_hypergeometric_limit_still_sum_exactly(monkeypatch) -> None:
-    monkeypatch.setattr(mixture, "HYPERGEOMETRIC_LIMIT", 1000)
+    monkeypatch.setattr(apportion_module, "HYPERGEOMETRIC_LIMIT", 1000)
     n = [3000, 1200, 7]
-    got = mixture._random_counts(n, 64, np.random.default_rng(0))
+    got = apportion_module.random_counts(n, 64, np.random.default_rng(0))
     sizes = got.sum(axis=1)
     assert got.sum(axis=0).tolist() == n and (sizes[:-1] == 64).all() and sizes[-1] == sum(n) - 64 * (len(got) - 1)
 

@@ -28,7 +28,7 @@ from faultproxy import FaultProxy
 from paths import SCRIPTS
 
 from samplecache import SampleCacheDataset, SampleCacheLoader
-from samplecache.reading.ordering.mixture import apportion, largest_epoch
+from samplecache.reading.ordering.apportion import apportion, largest_epoch
 from samplecache_tools.launch import DaemonProcess
 
 pytestmark = pytest.mark.e2e

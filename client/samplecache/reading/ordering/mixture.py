@@ -2,10 +2,11 @@
 
 A manifest's shards belong to sources ("web", "code", ...) and a job asks for weights. Each weighted source gets
 its own ``EpochOrder`` over its shards (its own seed, from the job's seed and the source's name), and the epoch
-holds exactly ``apportion(N, weights)`` samples of each: the first ``n_s`` positions of the source's order, taken
-modulo its length when it is upsampled (so every sample is read floor or ceil of ``n_s / T_s`` times, the seeded
-order choosing which get the extra read). A label per global position says which source it reads; position ``g``
-labelled ``s`` reads that source's ``j``-th position, ``j`` the positions before ``g`` labelled ``s``. The labels:
+holds exactly ``apportion(N, weights)`` samples of each (``apportion.py``): the first ``n_s`` positions of the
+source's order, taken modulo its length when it is upsampled (so every sample is read floor or ceil of
+``n_s / T_s`` times, the seeded order choosing which get the extra read). A label per global position says which
+source it reads; position ``g`` labelled ``s`` reads that source's ``j``-th position, ``j`` the positions before
+``g`` labelled ``s``. The labels:
 
 * ``"random"``: a uniformly random arrangement with exactly ``n_s`` of each label (also when ``shuffle`` is off:
   a job asking for a mixture wants it mixed). Per chunk of positions, its label counts are drawn at init
@@ -23,153 +24,28 @@ from __future__ import annotations
 import math
 import zlib
 from collections import OrderedDict
-from fractions import Fraction
-from math import gcd
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from samplecache.reading.ordering.apportion import (
+    block_counts,
+    hamilton,
+    integer_weights,
+    largest,
+    random_counts,
+)
 from samplecache.reading.ordering.order import EpochOrder, kept
 
 MIXES = ("random", "stratified")
 CHUNK = 1 << 16  # positions whose labels are made together (and cached)
 FEW_RANGES = 32  # reads per source counted range by range up to this many ranges, else position by position
 CACHED_CHUNKS = 8
-HYPERGEOMETRIC_LIMIT = 10**9  # numpy's multivariate hypergeometric draws from fewer items than this
-LARGEST_SCAN = 1 << 16  # largest_epoch's search below its upper bound, at most
 _COUNTS, _LABELS = 3, 4  # rng stream tags (partition.py uses none, 1 and 2 after (seed, epoch))
 
 
 def _rng(seed: int, epoch: int, *extra: int) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFFFFFF, epoch, *extra])
-
-
-def _rational(w: float) -> Fraction:
-    """The simplest fraction the weight is the float of (0.7 -> 7/10, 1/3 -> 1/3), else its decimal: shares
-    like 0.7 x 10 are then exactly 7, never 7.000000001 or 6.999999999."""
-    w = float(w)
-    if not math.isfinite(w) or w < 0:
-        raise ValueError(f"mixture weights must be finite and >= 0, not {w!r}")
-    simple = Fraction(w).limit_denominator(10**6)
-    return simple if float(simple) == w else Fraction(repr(w))
-
-
-def _integer_weights(weights: Sequence[float]) -> list[int]:
-    """Weights as integers in the same ratios (exact arithmetic from here on)."""
-    fr = [_rational(w) for w in weights]
-    if not any(fr):
-        raise ValueError(f"mixture weights must have one > 0, not {list(weights)}")
-    den = math.lcm(*(f.denominator for f in fr))
-    return [int(f * den) for f in fr]
-
-
-def _hamilton(total: int, a: Sequence[int]) -> list[int]:
-    A = sum(a)
-    share = [total * x // A for x in a]
-    left = total - sum(share)
-    # the largest remainders get one more; sorted() is stable, so ties go to the lower index
-    for s in sorted(range(len(a)), key=lambda s: -(total * a[s] % A))[:left]:
-        share[s] += 1
-    return share
-
-
-def apportion(total: int, weights: Sequence[float]) -> list[int]:
-    """Largest-remainder (Hamilton) counts of ``total`` in the ratios of ``weights``: they sum to ``total``."""
-    if total < 0:
-        raise ValueError(f"cannot apportion a negative total ({total})")
-    return _hamilton(int(total), _integer_weights(weights))
-
-
-def _largest(resident: Sequence[int], a: Sequence[int]) -> int:
-    A = sum(a)
-    weighted = [(r, x) for r, x in zip(resident, a) if x > 0]
-    if any(r == 0 for r, _ in weighted):
-        return 0
-    # every N <= low fits (a source's share is below resident + 1 only when its remainder is > 0); none above
-    # high does (a floor past resident). Between them Hamilton is not monotone (the Alabama paradox): search down
-    low = min(r * A // x for r, x in weighted)
-    high = min(((r + 1) * A - 1) // x for r, x in weighted)
-    for n in range(high, max(low, high - LARGEST_SCAN), -1):
-        if all(c <= r for c, r in zip(_hamilton(n, a), resident)):
-            return n
-    return low
-
-
-def largest_epoch(resident: Sequence[int], weights: Sequence[float]) -> int:
-    """The largest N whose apportionment fits the resident samples of every weighted source (no repeats); the
-    exact maximum unless a weight's share is below ``1 / LARGEST_SCAN``, where it may fall short by less than
-    ``1 / share``. 0 if a weighted source has none resident."""
-    if len(resident) != len(weights):
-        raise ValueError(f"{len(resident)} resident counts for {len(weights)} weights")
-    if any(r < 0 for r in resident):
-        raise ValueError(f"resident counts must be >= 0, not {list(resident)}")
-    return _largest([int(r) for r in resident], _integer_weights(weights))
-
-
-def _random_counts(n: Sequence[int], chunk: int, rng: np.random.Generator) -> np.ndarray:
-    """(chunks, S) label counts of each chunk of a uniformly random arrangement of the multiset ``n``."""
-    total = sum(n)
-    sizes = np.full(-(-total // chunk), chunk, np.int64)
-    if len(sizes):
-        sizes[-1] = total - chunk * (len(sizes) - 1)
-    out = np.zeros((len(sizes), len(n)), np.int64)
-    # numpy draws from fewer than 10^9 items: past that, spans of chunks get their share of what is left
-    # (exactly uniform within a span, and exactly uniform overall below 10^9 positions)
-    per_span = max(1, (HYPERGEOMETRIC_LIMIT - 1) // chunk)
-    left = list(n)
-    for a in range(0, len(sizes), per_span):
-        room = sizes[a:a + per_span].copy()
-        take = _hamilton(int(room.sum()), left) if sum(left) else [0] * len(n)
-        # source by source: where its samples fall among the room the sources before it left
-        for s, k in enumerate(take[:-1]):
-            got = rng.multivariate_hypergeometric(room, k) if k else np.zeros_like(room)
-            out[a:a + per_span, s] = got
-            room -= got
-        out[a:a + per_span, -1] = room
-        left = [x - y for x, y in zip(left, take)]
-    return out
-
-
-def _block_counts(n: Sequence[int], a: Sequence[int], stratum: int) -> np.ndarray:
-    """(blocks, S) label counts of each block of ``stratum`` positions: floor or ceil of the source's share of a
-    block, the ceil to the sources furthest behind (deficit: share so far minus given so far, times sum(a))."""
-    S, A, B = len(a), sum(a), stratum
-    full, rest = divmod(sum(n), B)
-    floor = [B * x // A for x in a]
-    extra = B - sum(floor)
-    gain = [B * x - A * f for x, f in zip(a, floor)]  # a block of floors: each deficit grows by this
-    deficit, left = [0] * S, list(n)
-    blocks: list[list[int]] = []
-    period, clamped = A // gcd(A, B), False  # after `period` blocks every share so far is a whole number
-    while len(blocks) < full:
-        if len(blocks) == period and not clamped and not any(deficit):
-            # back where it started: the blocks repeat, as many whole periods as the counts allow
-            per = [sum(col) for col in zip(*blocks)]
-            reps = min([(full - period) // period] + [x // p for x, p in zip(left, per) if p])
-            blocks.extend(blocks[:period] * reps)
-            left = [x - reps * p for x, p in zip(left, per)]
-        if len(blocks) == full:
-            break
-        behind = [d + g for d, g in zip(deficit, gain)]
-        rank = sorted(range(S), key=lambda s: -behind[s])  # stable: ties to the lower index
-        give = list(floor)
-        for s in rank[:extra]:
-            give[s] += 1
-        if any(g > x for g, x in zip(give, left)):
-            # the counts run short: never give a source more than it has left; the furthest behind fill the rest
-            clamped = True
-            give = [min(g, x) for g, x in zip(give, left)]
-            short = B - sum(give)
-            for s in rank:
-                more = min(short, left[s] - give[s])
-                give[s] += more
-                short -= more
-        blocks.append(give)
-        deficit = [d + B * x - A * g for d, x, g in zip(deficit, a, give)]
-        left = [x - g for x, g in zip(left, give)]
-    if rest:
-        blocks.append(left)
-    return np.array(blocks, np.int64).reshape(len(blocks), S)
 
 
 def _source_seed(seed: int, name: str) -> int:
@@ -191,7 +67,7 @@ def _source_weights(names: list[str], weights: Mapping[str, float], source_of: n
         raise ValueError(f"{shards} shard ids, {len(rows)} row counts and {len(source_of)} sources differ")
     if shards and not 0 <= source_of.min() <= source_of.max() < len(names):
         raise ValueError(f"source_of holds indices outside the {len(names)} source names")
-    a = _integer_weights([weights.get(n, 0.0) for n in names])
+    a = integer_weights([weights.get(n, 0.0) for n in names])
     resident = np.bincount(source_of, weights=rows, minlength=len(names))
     empty = [n for n, x, r in zip(names, a, resident.tolist()) if x > 0 and r == 0]
     if empty:
@@ -230,19 +106,19 @@ class MixedOrder:
                         for s, m in zip(active, self.members)]
         aw = [a[s] for s in active]
         resident = [len(o) for o in self.sources]
-        self.total = _largest(resident, aw) if epoch_samples is None else int(epoch_samples)
-        n = _hamilton(self.total, aw)
+        self.total = largest(resident, aw) if epoch_samples is None else int(epoch_samples)
+        n = hamilton(self.total, aw)
         self.counts = {names[s]: c for s, c in zip(active, n)}
         self.weights = {names[s]: x / sum(aw) for s, x in zip(active, aw)}
         self._label = np.arange(len(active), dtype=np.uint16 if len(active) < 1 << 16 else np.int32)
         if mix == "random":
             self.chunk = int(chunk)
             self._blocks = None
-            per_chunk = _random_counts(n, self.chunk, _rng(seed, epoch, _COUNTS))
+            per_chunk = random_counts(n, self.chunk, _rng(seed, epoch, _COUNTS))
         else:
             # chunks of whole blocks, so a block's labels are made (and permuted) in one piece
             self.chunk = self.stratum * max(1, int(chunk) // self.stratum)
-            self._blocks = _block_counts(n, aw, self.stratum)
+            self._blocks = block_counts(n, aw, self.stratum)
             starts = np.arange(0, len(self._blocks), self.chunk // self.stratum)
             per_chunk = np.add.reduceat(self._blocks, starts, axis=0) if len(starts) else self._blocks
         # prefix[c, s]: positions before chunk c labelled s (source-local index of the chunk's first s)
@@ -404,8 +280,8 @@ def mixture_counts(rows: np.ndarray, source_of: np.ndarray, names: Sequence[str]
     active = [s for s in range(len(names)) if a[s] > 0]
     resident = np.bincount(source_of, weights=rows, minlength=len(names)).astype(np.int64).tolist()
     aw = [a[s] for s in active]
-    total = _largest([resident[s] for s in active], aw) if epoch_samples is None else int(epoch_samples)
-    return {names[s]: c for s, c in zip(active, _hamilton(total, aw))}
+    total = largest([resident[s] for s in active], aw) if epoch_samples is None else int(epoch_samples)
+    return {names[s]: c for s, c in zip(active, hamilton(total, aw))}
 
 
-__all__ = ["MIXES", "CHUNK", "MixedOrder", "apportion", "largest_epoch", "mixture_counts"]
+__all__ = ["MIXES", "CHUNK", "MixedOrder", "mixture_counts"]
