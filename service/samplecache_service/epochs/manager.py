@@ -156,11 +156,10 @@ class EpochManager:
     def shard_ids(self, epoch: int) -> frozenset[int]:
         got = self._ids.get(epoch)
         if got is None:
-            raw = self.catalog.manifest_bytes(epoch)
-            if not raw:
+            ids = self.named_ids(epoch)
+            if not len(ids):
                 return frozenset()  # not sealed, or no longer kept: never cached as "no shards"
-            got = self._ids[epoch] = frozenset(self.named_ids(epoch, raw).tolist())
-            self._forget_dropped()
+            got = self._ids[epoch] = frozenset(ids.tolist())
         return got
 
     def _forget_dropped(self) -> None:
@@ -170,11 +169,12 @@ class EpochManager:
             for e in [e for e in list(cache) if e not in kept]:
                 cache.pop(e, None)
 
-    def named_ids(self, epoch: int, raw: bytes | None = None) -> np.ndarray:
-        """The ids of the shards ``epoch`` names, ascending (empty when it is not sealed or no longer kept)."""
+    def named_ids(self, epoch: int) -> np.ndarray:
+        """The ids of the shards ``epoch`` names, ascending (empty when it is not sealed or no longer kept). A
+        manifest parsed here drops the cached ids of epochs no longer kept."""
         got = self._id_arrays.get(epoch)
         if got is None:
-            raw = raw if raw is not None else self.catalog.manifest_bytes(epoch)
+            raw = self.catalog.manifest_bytes(epoch)
             if not raw:
                 return np.zeros(0, np.int64)
             got = self._id_arrays[epoch] = Manifest.from_json(json.loads(raw)).table()[:, 0].copy()

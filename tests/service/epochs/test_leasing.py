@@ -195,12 +195,17 @@ def test_a_failed_save_leaves_its_jobs_to_the_next(cache: Cache) -> None:
     assert cache.meta_keys()[JOB_PREFIX + "train"]["run"] == "aaaa1111"
 
 
-def test_the_one_blob_job_table_of_an_older_cache_becomes_records(cache: Cache) -> None:
+def _legacy_jobs(cache: Cache, daemon_epoch: int) -> None:
+    """The one-blob job table an older version writes: jobs a and b, each with epoch 0 mapped."""
     old = JobTable(60.0)
     for name in ("a", "b"):
         old.attach(name, "aaaa1111")
-        old.map_epoch(name, 0, 2)
+        old.map_epoch(name, 0, daemon_epoch)
     cache.writer.put_meta({"jobs": old.saved()}).result()
+
+
+def test_the_one_blob_job_table_of_an_older_cache_becomes_records(cache: Cache) -> None:
+    _legacy_jobs(cache, 2)
     cache.reopen()
     assert sorted(j.name for j in cache.jobs.all()) == ["a", "b"]
     cache.writer.submit(lambda txn: None).result()
@@ -233,11 +238,7 @@ def test_a_job_table_blob_beside_records_wins_over_them(cache: Cache) -> None:
     cache.jobs.map_epoch("a", 0, 1)
     cache.jobs.attach("c", "cccc3333")  # a job the older version never saw: its record stays
     cache.leasing.save_jobs().result()
-    old = JobTable(60.0)
-    for name in ("a", "b"):
-        old.attach(name, "aaaa1111")
-        old.map_epoch(name, 0, 9)
-    cache.writer.put_meta({"jobs": old.saved()}).result()
+    _legacy_jobs(cache, 9)
     cache.reopen()
     assert {j.name: j.epochs for j in cache.jobs.all()} == {"a": {0: 9}, "b": {0: 9}, "c": {}}
     cache.writer.submit(lambda txn: None).result()
