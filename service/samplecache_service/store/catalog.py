@@ -301,8 +301,7 @@ class Catalog:
                 return self._manifests[epoch]
             if epoch not in self._state.epochs:
                 return None
-        with self.gate.using() as env, env.begin() as txn:
-            raw: bytes | None = txn.get(u64(epoch), db=self.dbs[b"epochs"])
+        raw: bytes | None = self.gate.read(lambda txn: txn.get(u64(epoch), db=self.dbs[b"epochs"]))
         if raw is not None:
             self._remember(epoch, bytes(raw))
         return raw

@@ -19,14 +19,14 @@ from samplecache_service.store.envgate import EnvClosed, EnvGate
 META_PAGES = 2
 
 
-def lmdb_free_bytes(env: lmdb.Environment, dbs: dict[bytes, Any]) -> int:
+def lmdb_free_bytes(gate: EnvGate, dbs: dict[bytes, Any]) -> int:
     """Bytes of pages inside the LMDB file that no database uses (its freelist and never-touched tail)."""
-    info, stat = env.info(), env.stat()
-    psize = int(stat["psize"])
-    with env.begin() as txn:
+    def free(txn: lmdb.Transaction) -> int:  # the map's stats beside the transaction: one moment of the file
+        info, psize = gate.env.info(), int(gate.env.stat()["psize"])
         used = sum(int(s["branch_pages"]) + int(s["leaf_pages"]) + int(s["overflow_pages"])
                    for s in [txn.stat()] + [txn.stat(db) for db in dbs.values()])
-    return max(0, int(info["last_pgno"]) + 1 - META_PAGES - used) * psize
+        return max(0, int(info["last_pgno"]) + 1 - META_PAGES - used) * psize
+    return gate.read(free)
 
 
 class DiskSpace:
@@ -43,8 +43,7 @@ class DiskSpace:
         now = time.monotonic()
         if fresh or now - self._at >= self.every:
             self.fs_free = shutil.disk_usage(self.cache_dir).free
-            with self.gate.using() as env:
-                self._free = self.fs_free + lmdb_free_bytes(env, self.dbs)
+            self._free = self.fs_free + lmdb_free_bytes(self.gate, self.dbs)
             self._at = now
         return self._free
 

@@ -1,14 +1,22 @@
 """The LMDB environment's users besides the writer thread (HTTP handlers reading a manifest or the map's usage),
 counted, so that closing the environment waits for them: a transaction or ``env.info()`` on a closed environment
-crashes the process (py-lmdb does not guard it), where a stop should only end it."""
+crashes the process (py-lmdb does not guard it), where a stop should only end it.
+
+A read transaction must also be *gone* before its user leaves: py-lmdb keeps a finished read transaction's handle
+(to reuse it) until the Python object dies, and a close that runs while another thread frees that object aborts the
+handle twice (a segfault). So transactions are opened only by ``read``, which frees its transaction inside the gate;
+``using`` is for the environment's own stats."""
 
 from __future__ import annotations
 
 import threading
+import traceback
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import lmdb
+
+T = TypeVar("T")
 
 
 class EnvClosed(RuntimeError):
@@ -24,7 +32,8 @@ class EnvGate:
 
     @contextmanager
     def using(self) -> Iterator[lmdb.Environment]:
-        """The environment, for a read (a transaction or its stats) that ends within the block."""
+        """The environment, for its stats (``info()``, ``stat()``) within the block; a transaction goes through
+        ``read``."""
         with self._cond:
             if self._closing:
                 raise EnvClosed("the cache is closing: the daemon is stopping")
@@ -35,6 +44,20 @@ class EnvGate:
             with self._cond:
                 self._users -= 1
                 self._cond.notify_all()
+
+    def read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """``fn(txn)`` in a read transaction that is aborted and freed before this user leaves the gate. ``fn`` must
+        not keep ``txn`` (or a cursor of it) past its return."""
+        with self.using() as env:
+            txn = env.begin()
+            try:
+                return fn(txn)
+            except BaseException as e:
+                traceback.clear_frames(e.__traceback__)  # fn's frame, kept by the traceback, would hold txn
+                raise
+            finally:
+                txn.abort()
+                del txn  # the only reference left: freed here, inside the gate
 
     def close(self, timeout: float, others_done: bool = True) -> bool:
         """Let no new user in, wait up to ``timeout`` s for those inside, then close the environment; False (left
