@@ -89,6 +89,13 @@ def test_one_gather_over_the_mapped_blocks_equals_a_gather_block_by_block(dtype:
         m.setattr(gather, "PARALLEL_MIN_BYTES", 0)
         assert reader._gather_mapped(srcs, out, where, threads=3)
     assert out.tobytes() == want.tobytes()
+    for piece in (row, 7 * row, 64 * row + 1):  # in pieces (the temporary numpy makes kept small), odd ones too
+        out[:] = 0
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(gather, "PARALLEL_MIN_BYTES", 0)
+            m.setattr(reader, "PIECE_BYTES", piece)
+            assert reader._gather_mapped(srcs, out, where, threads=3)
+        assert out.tobytes() == want.tobytes()
     # a block that is not one contiguous array (a broadcast mask) is left to the loop: nothing written
     strided = [np.broadcast_to(s[:1], s.shape) for s in srcs]
     out[:] = 0

@@ -30,6 +30,9 @@ from samplecache.reading.blocks.layouts import Layout, MappedView
 
 VALID_SUFFIX = "__valid"  # batches: the mask of a fixed column with nulls
 LARGE_SAMPLE_BYTES = 64 << 10  # samples this large are copied one by one (over threads), smaller ones gathered
+# a gather's temporary (numpy fancy indexing makes one before the copy into the batch) stays this small: a whole
+# chunk's (12 MB) came in fresh pages each time, and gather plus copy took 1.5x their separate times (micro-benchmark)
+PIECE_BYTES = 1 << 20
 SMALL_BATCH = 64  # batches of up to this many samples find their blocks in Python, larger ones with numpy
 READAHEAD = True  # lets the kernel map pages around a fault: a fresh process reads a warm cache ~2x faster
 VERIFY_ENV = "SAMPLECACHE_VERIFY"
@@ -369,9 +372,9 @@ def _gather_mapped(srcs: list[np.ndarray], arr: np.ndarray, at: _Where, threads:
 
     The blocks lie in one memory map (LMDB's, valid for the read transaction the caller holds), so one array
     whose items are whole rows, starting at every byte between the first block and the end of the last, reaches
-    them all: a sample is the item at its block's offset plus its row times the row size. One fancy index
-    gathers the batch; a loop over the blocks costs a numpy call or two per block (twice the time for 256-byte
-    rows spread over 14 blocks). A large one is split over ``threads`` threads (numpy drops the GIL while it
+    them all: a sample is the item at its block's offset plus its row times the row size. A fancy index per
+    ``PIECE_BYTES`` gathers the batch; a loop over the blocks costs a numpy call or two per block (twice the time
+    for 256-byte rows spread over 14 blocks). A large one is split over ``threads`` threads (numpy drops the GIL while it
     gathers: a 12 MB chunk of 1 KiB rows took 1.7-1.9 ms on two threads, 2.8-3.0 ms on one, here)."""
     row = arr.nbytes // max(1, len(arr))
     if not row or not arr.flags.c_contiguous or not all(s.flags.c_contiguous for s in srcs):
@@ -387,8 +390,12 @@ def _gather_mapped(srcs: list[np.ndarray], arr: np.ndarray, at: _Where, threads:
     at_bytes = first[at.inverse] + at.local * row
     dest = arr.reshape(len(arr), -1).view(np.dtype((np.void, row)))[:, 0]
 
+    step = max(1, PIECE_BYTES // row)
+
     def part(a: int, b: int) -> None:
-        dest[a:b] = items[at_bytes[a:b]]
+        for c in range(a, b, step):  # a piece at a time: numpy gathers into a temporary, then copies it in place
+            d = min(b, c + step)
+            dest[c:d] = items[at_bytes[c:d]]
     split(part, len(at_bytes), arr.nbytes, threads)
     return True
 
