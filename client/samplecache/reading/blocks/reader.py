@@ -374,8 +374,8 @@ def _gather_mapped(srcs: list[np.ndarray], arr: np.ndarray, at: _Where, threads:
     whose items are whole rows, starting at every byte between the first block and the end of the last, reaches
     them all: a sample is the item at its block's offset plus its row times the row size. A fancy index per
     ``PIECE_BYTES`` gathers the batch; a loop over the blocks costs a numpy call or two per block (twice the time
-    for 256-byte rows spread over 14 blocks). A large one is split over ``threads`` threads (numpy drops the GIL while it
-    gathers: a 12 MB chunk of 1 KiB rows took 1.7-1.9 ms on two threads, 2.8-3.0 ms on one, here)."""
+    for 256-byte rows spread over 14 blocks). A large one is split over ``threads`` threads (numpy drops the GIL
+    while it gathers: a 12 MB chunk of 1 KiB rows took 1.7-1.9 ms on two threads, 2.8-3.0 ms on one, here)."""
     row = arr.nbytes // max(1, len(arr))
     if not row or not arr.flags.c_contiguous or not all(s.flags.c_contiguous for s in srcs):
         return False
