@@ -58,7 +58,7 @@ from samplecache.reading.split import (
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
 # a mixture's reads per source are counted for the lease's reports (a heartbeat every ttl/3 s, the release exactly)
-# at most this often, and after this many samples: a count costs ~0.3 ms, 2% of a short epoch counted every 16k
+# at most this often, and after this many samples: a count costs ~0.3 ms, 2-3% of a short epoch counted every 16k
 COUNT_SOURCES_S = 1.0
 COUNT_SOURCES_EVERY = 16384
 LEAD_S = 1.0  # or sooner, when the epoch's time left is less than this: fetching and leasing take milliseconds

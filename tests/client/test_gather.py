@@ -89,7 +89,7 @@ def test_one_gather_over_the_mapped_blocks_equals_a_gather_block_by_block(dtype:
         m.setattr(gather, "PARALLEL_MIN_BYTES", 0)
         assert reader._gather_mapped(srcs, out, where, threads=3)
     assert out.tobytes() == want.tobytes()
-    for piece in (row, 7 * row, 64 * row + 1):  # in pieces (the temporary numpy makes kept small), odd ones too
+    for piece in (1, row, 7 * row, 64 * row + 1):  # in pieces (numpy's temporary kept small), odd ones, a row each
         out[:] = 0
         with pytest.MonkeyPatch.context() as m:
             m.setattr(gather, "PARALLEL_MIN_BYTES", 0)

@@ -20,11 +20,14 @@ META_PAGES = 2
 
 
 def lmdb_free_bytes(gate: EnvGate, dbs: dict[bytes, Any]) -> int:
-    """Bytes of pages inside the LMDB file that no database uses (its freelist and never-touched tail)."""
-    def free(txn: lmdb.Transaction) -> int:  # the map's stats beside the transaction: one moment of the file
+    """Bytes of pages inside the LMDB file that no database uses (its freelist and never-touched tail): an estimate
+    (a commit between the transaction's start and the map's stats shifts them by its pages)."""
+    def free(txn: lmdb.Transaction) -> int:
         info, psize = gate.env.info(), int(gate.env.stat()["psize"])
-        used = sum(int(s["branch_pages"]) + int(s["leaf_pages"]) + int(s["overflow_pages"])
-                   for s in [txn.stat()] + [txn.stat(db) for db in dbs.values()])
+        stats = [txn.stat()]
+        for db in dbs.values():  # a loop, not a comprehension: an error's traceback would keep its closure's txn
+            stats.append(txn.stat(db))
+        used = sum(int(st["branch_pages"]) + int(st["leaf_pages"]) + int(st["overflow_pages"]) for st in stats)
         return max(0, int(info["last_pgno"]) + 1 - META_PAGES - used) * psize
     return gate.read(free)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import traceback
+import weakref
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
@@ -29,6 +30,7 @@ class EnvGate:
         self._cond = threading.Condition()
         self._users = 0
         self._closing = False
+        self.kept: list[lmdb.Transaction] = []  # transactions that outlived their read: freed after the close
 
     @contextmanager
     def using(self) -> Iterator[lmdb.Environment]:
@@ -47,17 +49,26 @@ class EnvGate:
 
     def read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
         """``fn(txn)`` in a read transaction that is aborted and freed before this user leaves the gate. ``fn`` must
-        not keep ``txn`` (or a cursor of it) past its return."""
+        not keep ``txn`` (or a cursor of it) past its return; one still referenced then (by an error's traceback,
+        through a closure) is kept by the gate until the close, so that its death cannot race it."""
         with self.using() as env:
-            txn = env.begin()
+            txn: lmdb.Transaction | None = None
             try:
+                txn = env.begin()
                 return fn(txn)
             except BaseException as e:
-                traceback.clear_frames(e.__traceback__)  # fn's frame, kept by the traceback, would hold txn
+                _clear_frames(e)  # fn's frames, kept by the traceback, would hold txn
                 raise
             finally:
-                txn.abort()
-                del txn  # the only reference left: freed here, inside the gate
+                if txn is not None:
+                    try:
+                        txn.abort()
+                    finally:
+                        left = weakref.ref(txn)
+                        del txn  # the only reference left, as a rule: freed here, inside the gate
+                        if left() is not None:
+                            with self._cond:
+                                self.kept.append(left())
 
     def close(self, timeout: float, others_done: bool = True) -> bool:
         """Let no new user in, wait up to ``timeout`` s for those inside, then close the environment; False (left
@@ -68,8 +79,22 @@ class EnvGate:
             idle = self._cond.wait_for(lambda: self._users == 0, timeout)
         if idle and others_done:
             self.env.close()
+            self.kept.clear()  # closed with the environment: nothing left for their death to abort
             return True
         return False
+
+
+def _clear_frames(e: BaseException) -> None:
+    """Drop the locals of the finished frames of ``e``'s traceback and of the errors it chains."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        traceback.clear_frames(x.__traceback__)
+        todo += [x.__cause__, x.__context__]
 
 
 __all__ = ["EnvClosed", "EnvGate"]

@@ -81,6 +81,38 @@ def test_a_read_frees_its_transaction_before_it_leaves_even_when_it_raises(tmp_p
     assert gate.close(timeout=1)
 
 
+def test_a_transaction_an_error_still_holds_is_kept_by_the_gate_until_the_close(tmp_path: Path) -> None:
+    """A comprehension's frame holds ``txn`` through a closure cell that clearing the traceback's frames does not
+    reach; an error chained from another (``__context__``) has frames of its own: the gate keeps what escaped."""
+    env = lmdb.open(str(tmp_path / "env"), map_size=1 << 20)
+    gate = EnvGate(env)
+    txns: list[weakref.ref[lmdb.Transaction]] = []
+
+    def in_a_comprehension(txn: lmdb.Transaction) -> None:
+        txns.append(weakref.ref(txn))
+        [txn.get(k) or {}["missing"] for k in [b"a"]]
+
+    def chained(txn: lmdb.Transaction) -> None:
+        txns.append(weakref.ref(txn))
+
+        def inner(t: lmdb.Transaction) -> None:
+            raise KeyError("inner")
+        try:
+            inner(txn)
+        except KeyError:
+            raise ValueError("outer") from None  # __context__ still holds inner's traceback
+
+    with pytest.raises(KeyError) as first:
+        gate.read(in_a_comprehension)
+    with pytest.raises(ValueError) as second:
+        gate.read(chained)
+    assert txns[0]() is not None and gate.kept == [txns[0]()]  # escaped: the gate holds it too
+    assert txns[1]() is None  # the chain's frames were cleared
+    assert gate.close(timeout=1) and gate.kept == []
+    del first, second
+    assert txns[0]() is None  # freed after the close, by this thread: nothing to race
+
+
 def test_readers_that_come_and_go_while_it_closes_never_crash_it(tmp_path: Path) -> None:
     """py-lmdb keeps a finished read transaction's handle until its object dies; that death beside a close aborted
     the handle twice. The stress crashed in each of 5 runs when transactions died after their reader left."""
