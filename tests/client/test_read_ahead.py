@@ -1,7 +1,7 @@
 """Reading ahead in process: the prefetch thread stops at once when the consumer does, a copy part no copy thread
-has started is copied by the caller (``gather.copy_all``), and the LMDB remap gate (``reader._Gate``): a remap waits
-until no other thread of the process is inside a read transaction, and no transaction begins meanwhile. Unit tests,
-no daemon; the large-batch path end to end (every value checked) is in test_bufferpool.py.
+has started is copied by the caller (``gather.copy_all``), and the LMDB remap gate (``transactions.Gate``): a remap
+waits until no other thread of the process is inside a read transaction, and no transaction begins meanwhile. Unit
+tests, no daemon; the large-batch path end to end (every value checked) is in test_bufferpool.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from samplecache.reading import prefetch
-from samplecache.reading.blocks import gather, reader
+from samplecache.reading.blocks import gather, transactions
 
 
 def test_closing_the_consumer_stops_a_producer_waiting_to_put_at_once() -> None:
@@ -54,7 +54,7 @@ def test_a_copy_part_no_thread_started_is_copied_by_the_caller(monkeypatch: pyte
 class _Env:
     """Records whether any transaction was open when the map was remapped."""
 
-    def __init__(self, gate: reader._Gate) -> None:
+    def __init__(self, gate: transactions.Gate) -> None:
         self.gate, self.remaps, self.open_at_remap = gate, 0, -1
 
     def set_mapsize(self, size: int) -> None:
@@ -64,7 +64,7 @@ class _Env:
 
 
 def test_a_remap_waits_until_no_transaction_is_open() -> None:
-    gate = reader._Gate()
+    gate = transactions.Gate()
     env = _Env(gate)
     gate.enter()  # another thread is inside a transaction
     t = threading.Thread(target=gate.remap, args=(env,))

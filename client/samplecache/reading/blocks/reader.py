@@ -1,8 +1,8 @@
 """Reading blocks from the local LMDB cache: read-only, opened lazily once per process.
 
 The environment is reopened when ``os.getpid()`` changes (a forked DataLoader
-worker must never use its parent's handle), read transactions last one span of
-one shard, and ``MapResizedError`` is absorbed.
+worker must never use its parent's handle), and read transactions last one chunk
+of positions (``transactions.begin``: ``MapResizedError`` is absorbed there).
 
 With ``verify`` (or ``SAMPLECACHE_VERIFY=1``) every block's checksum is checked the first time this process
 reads it (blocks never change once written, so once per process is enough): a damaged block raises
@@ -16,7 +16,6 @@ import json
 import math
 import os
 import threading
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -27,6 +26,7 @@ from samplecache.format.constants import CACHE_ID_KEY, MAX_READERS, META_DB
 from samplecache.format.record import BlockView, Schema, check_block, record_key
 from samplecache.reading.blocks.gather import PARALLEL_MIN_BYTES, copy_all, split
 from samplecache.reading.blocks.layouts import Layout, MappedView
+from samplecache.reading.blocks.transactions import begin
 
 VALID_SUFFIX = "__valid"  # batches: the mask of a fixed column with nulls
 LARGE_SAMPLE_BYTES = 64 << 10  # samples this large are copied one by one (over threads), smaller ones gathered
@@ -38,6 +38,7 @@ READAHEAD = True  # lets the kernel map pages around a fault: a fresh process re
 VERIFY_ENV = "SAMPLECACHE_VERIFY"
 _ENVS: dict[str, tuple[int, lmdb.Environment, Any]] = {}
 _OPENING = threading.Lock()
+os.register_at_fork(after_in_child=lambda: globals().update(_OPENING=threading.Lock()))
 _VERIFIED: dict[str, set[int]] = {}  # LMDB path -> (shard << 32 | block) checked by this process
 _IDS: dict[str, str] = {}  # LMDB path -> the cache id found in this process's open environment there
 
@@ -67,7 +68,7 @@ def open_cache(path: str, map_size: int, cache_id: str = "") -> tuple[lmdb.Envir
 def _check_identity(path: str, env: lmdb.Environment, cache_id: str) -> None:
     """The cache's id is read again on every new id asked for: a process that kept an old cache open (its file
     unlinked and replaced) still finds the old id, and must not read the new manifest's shard ids from it."""
-    with _begin(env) as txn:
+    with begin(env) as txn:
         try:
             meta = env.open_db(META_DB, txn=txn, create=False)
         except lmdb.NotFoundError:
@@ -110,66 +111,6 @@ def _open(path: str, map_size: int, pid: int) -> tuple[lmdb.Environment, Any]:
 def verify_from_env() -> bool:
     """SAMPLECACHE_VERIFY=1 (or true/yes/on) turns verification on read on."""
     return os.environ.get(VERIFY_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-class _Gate:
-    """Read transactions in flight in this process, and the remapping after the daemon grew the map: LMDB remaps
-    in place, so it waits until no other thread of this process (a read-ahead thread) is inside a transaction."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.active = 0
-        self.remapping = False
-
-    def enter(self) -> None:
-        with self.cond:
-            while self.remapping:
-                self.cond.wait()
-            self.active += 1
-
-    def leave(self) -> None:
-        with self.cond:
-            self.active -= 1
-            if self.remapping and not self.active:
-                self.cond.notify_all()
-
-    def remap(self, env: lmdb.Environment) -> None:
-        with self.cond:
-            if self.remapping:  # another thread is at it: wait for it, then begin again
-                while self.remapping:
-                    self.cond.wait()
-                return
-            self.remapping = True
-            while self.active:
-                self.cond.wait()
-            try:
-                env.set_mapsize(0)
-            finally:
-                self.remapping = False
-                self.cond.notify_all()
-
-
-_GATE = _Gate()
-os.register_at_fork(after_in_child=lambda: globals().update(_GATE=_Gate(), _OPENING=threading.Lock()))
-
-
-@contextmanager
-def _begin(env: lmdb.Environment) -> Iterator[lmdb.Transaction]:
-    """A read transaction (after remapping when the daemon grew the map)."""
-    while True:
-        _GATE.enter()
-        try:
-            txn = env.begin(buffers=True)
-        except lmdb.MapResizedError:
-            _GATE.leave()
-            _GATE.remap(env)
-            continue
-        try:
-            with txn:
-                yield txn
-            return
-        finally:
-            _GATE.leave()
 
 
 class CacheReader:
@@ -224,7 +165,7 @@ class CacheReader:
         uniq, first, inverse = _unique(keys)
         at = _Where(uniq.tolist(), inverse, local)
         out: dict[str, Any] = {}
-        with _begin(env) as txn:
+        with begin(env) as txn:
             views = self._views(txn, db, uniq, sids[first], blocks[first])
             for ci in cols:
                 col = self.schema.columns[ci]
