@@ -42,6 +42,7 @@ from samplecache.reading.ordering.mixture import MixedOrder, mixture_counts
 from samplecache.reading.ordering.stream import Stream
 from samplecache.reading.prefetch import prefetched
 from samplecache.reading.resume import ForeignState, ResumeState, StaleState, epoch_number
+from samplecache.reading.source_reads import SourceReads
 from samplecache.reading.sources import await_sources, job_schema
 from samplecache.reading.split import (
     MissingSource,
@@ -57,10 +58,6 @@ from samplecache.reading.split import (
 
 FIRST_CHUNK = 256  # the first read of an epoch is small: its first batch comes at once
 PREFETCH_AT = 0.95  # fetch (so seal) the next epoch's manifest, and lease it, when this much is read
-# a mixture's reads per source are counted for the lease's reports (a heartbeat every ttl/3 s, the release exactly)
-# at most this often, and after this many samples: a count costs ~0.3 ms, 2-3% of a short epoch counted every 16k
-COUNT_SOURCES_S = 1.0
-COUNT_SOURCES_EVERY = 16384
 LEAD_S = 1.0  # or sooner, when the epoch's time left is less than this: fetching and leasing take milliseconds
 EPOCH_SPLITS_KEPT = 8  # epochs whose split (their mixture) a reader remembers
 _ONE_BY_ONE = BatchOptions(None)  # frozen, so one shared instance: samples, read ahead as by default
@@ -280,18 +277,8 @@ class Reader:
         if mixed is not None:  # the job's record of the epoch's mixture (GET /v1/jobs/{name}), and reads per source
             self.source.record_mixture(epoch, {"mixture": dict(mixed.weights), "mix": mixed.mix,
                                                "epoch_samples": split.epoch_samples, "counts": dict(mixed.counts)})
-        done = counted_to = 0
-        counted_at = time.monotonic()
-        by_source: dict[str, int] = {}  # samples counted per source so far (for the lease's reports), and the counts
-
-        def count_sources() -> None:
-            nonlocal counted_to, counted_at
-            if mixed is None or keeper is None or done <= counted_to:
-                return
-            for name, k in mixed.source_counts(stream.global_ranges(counted_to, done)).items():
-                by_source[name] = by_source.get(name, 0) + k
-            counted_to, counted_at = done, time.monotonic()
-            keeper.read_sources = dict(by_source)
+        done = 0
+        reads = SourceReads(mixed, stream, keeper) if mixed is not None and keeper is not None else None
         prefetch_at = int(PREFETCH_AT * stream.total) if self.cache.prefetch_next else -1
         began = time.monotonic()
         try:
@@ -305,11 +292,12 @@ class Reader:
                     prefetch_at = -1
                 if keeper is not None:
                     keeper.read = done
-                    if done - counted_to >= COUNT_SOURCES_EVERY and time.monotonic() - counted_at >= COUNT_SOURCES_S:
-                        count_sources()
+                    if reads is not None:
+                        reads.read(done)
                 yield done, item
         finally:
-            count_sources()
+            if reads is not None:
+                reads.count(done)
             self.source.done(keeper)
 
     def _warm(self, plan: EpochPlan, stratum: int) -> None:

@@ -6,16 +6,19 @@ from __future__ import annotations
 from collections import Counter
 from fractions import Fraction
 from math import ceil, floor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from samplecache.reading import source_reads
 from samplecache.reading.ordering import apportion as apportion_module
 from samplecache.reading.ordering.apportion import apportion, largest_epoch
 from samplecache.reading.ordering.deal import rank_batches
 from samplecache.reading.ordering.mixture import MIXES, MixedOrder
 from samplecache.reading.ordering.order import EpochOrder, joined
 from samplecache.reading.ordering.stream import Stream
+from samplecache.reading.source_reads import SourceReads
 
 NAMES = ["web", "code", "math"]
 WEIGHTS = {"web": 0.7, "code": 0.2, "math": 0.1}
@@ -285,6 +288,32 @@ def test_a_workers_stream_counts_its_scattered_ranges(mix) -> None:
         assert np.array_equal(got, g[max(0, start):stop])
         want = Counter(o.names[s] for s in o.source_of[o.positions(got)[0]].tolist()) if len(got) else Counter()
         assert o.source_counts(ranges) == dict(want)
+
+
+def test_reads_per_source_are_counted_seldom_while_read_and_exactly_at_the_end() -> None:
+    """``SourceReads``: a count waits for ``COUNT_EVERY`` samples and ``COUNT_EVERY_S`` seconds since the last one;
+    the last count, at the epoch's end, is exact whenever it comes."""
+    o = mixed("random", epoch_samples=3000, chunk=64)
+    batches = np.array([[a, a + 16] for a in range(0, o.total, 48)])
+    stream = Stream(o, batches)  # type: ignore[arg-type]
+    keeper = SimpleNamespace(read_sources=None)
+    reads = SourceReads(o, stream, keeper)  # type: ignore[arg-type]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(source_reads, "COUNT_EVERY_S", 3600.0)
+        reads.read(len(stream))  # enough samples, too soon: not counted
+        assert keeper.read_sources is None
+        m.setattr(source_reads, "COUNT_EVERY_S", 0.0)
+        m.setattr(source_reads, "COUNT_EVERY", 100)
+        reads.read(99)
+        assert keeper.read_sources is None  # too few samples
+        reads.read(150)
+        assert sum(keeper.read_sources.values()) == 150
+        m.setattr(source_reads, "COUNT_EVERY_S", 3600.0)
+        reads.read(len(stream) - 1)
+        assert sum(keeper.read_sources.values()) == 150  # too soon after the last count
+    reads.count(len(stream))
+    g = np.concatenate([np.arange(x, y) for x, y in batches.tolist()])
+    assert keeper.read_sources == dict(Counter(o.names[s] for s in o.source_of[o.positions(g)[0]].tolist()))
 
 
 def test_a_single_source_reads_what_its_epoch_order_reads() -> None:
