@@ -42,8 +42,9 @@ from samplecache.reading.epoch_source import CHUNK_BYTES
 from samplecache_service.remote.columns import infer_schema
 from samplecache_service.sampling.encoder import encode_table
 from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.lmdbmap import open_env
 from samplecache_service.store.staging import read_staged, write_staged
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.writer import Writer
 
 from .harness import MB, cli, report
 from .harness.cli import log

@@ -60,7 +60,8 @@ from samplecache_service.epochs.manager import EpochManager, EpochRules, build_m
 from samplecache_service.remote.columns import infer_schema
 from samplecache_service.store.budget import Budget
 from samplecache_service.store.catalog import Catalog, Shard, u64
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.lmdbmap import open_env
+from samplecache_service.store.writer import Writer
 from samplecache_tools.launch import DaemonProcess
 
 from .harness import (

@@ -30,7 +30,8 @@ from samplecache_service.remote.stores import FsspecRemote
 from samplecache_service.store.cachedir import map_size_for
 from samplecache_service.store.catalog import Catalog, Shard, u64
 from samplecache_service.store.fileinfo import FileInfo
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.lmdbmap import open_env
+from samplecache_service.store.writer import Writer
 from samplecache_tools.launch import DaemonProcess
 
 from ..harness import human, log, read_json, start_daemon, wait_idle, write_json

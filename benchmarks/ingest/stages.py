@@ -35,8 +35,9 @@ def stage_profile(truth: dict[str, Any], s3: Any, scratch: Path, max_units: int)
     from samplecache_service.remote.stores import FsspecRemote
     from samplecache_service.sampling.encoder import encode_table
     from samplecache_service.store.catalog import Catalog
+    from samplecache_service.store.lmdbmap import open_env
     from samplecache_service.store.staging import write_staged
-    from samplecache_service.store.writer import Writer, open_env
+    from samplecache_service.store.writer import Writer
 
     os.environ.update(s3.env())  # s3fs (botocore) reads the endpoint and the credentials from here
     remote = FsspecRemote(truth["url"], {})

@@ -16,8 +16,9 @@ from samplecache.format.record import Schema
 from samplecache_service.remote.columns import infer_schema
 from samplecache_service.sampling.encoder import encode_table
 from samplecache_service.store.catalog import Catalog
+from samplecache_service.store.lmdbmap import open_env
 from samplecache_service.store.staging import write_staged
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.writer import Writer
 
 MAP_SIZE = 1 << 30
 WIDTH = 1000  # int32 items of x per row: 4 KB rows, so blocks of a few rows live on LMDB overflow pages

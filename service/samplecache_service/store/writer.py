@@ -19,13 +19,10 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import lmdb
 import numpy as np
 
-from samplecache.format.constants import MAX_READERS
 from samplecache.format.manifest import Manifest
 from samplecache.format.record import record_key, verify_block
 from samplecache_service.config.settings import DEFAULT_SOURCE
-from samplecache_service.files import SHARED_FILE_MODE, make_dir, set_mode
 from samplecache_service.store.catalog import (
-    DBS,
     JOB_PREFIX,
     LEASE_PREFIX,
     SUMMARY_PREFIX,
@@ -63,26 +60,6 @@ class DamagedShard(Exception):
 class Ingested(NamedTuple):
     shard: Shard | None
     evicted: tuple[int, ...]
-
-
-def open_env(path: Path, map_size: int) -> tuple[lmdb.Environment, dict[bytes, Any]]:
-    """Open (or create) the cache environment and its named databases. The dir is 0750 and LMDB's two files
-    0660 whatever the umask (and whatever an older version left)."""
-    make_dir(path)
-    # metasync=False: the meta page is flushed with the next commit's data sync; a killed daemon loses
-    # nothing (the page cache has it) and a power cut rolls back at most the last commit, consistently.
-    env = lmdb.open(str(path), map_size=map_size, max_dbs=len(DBS) + 2, max_readers=MAX_READERS,
-                    subdir=True, meminit=False, readahead=False, metasync=False, mode=SHARED_FILE_MODE)
-    # LMDB's mode passes through the umask (022 makes 0640): a reader only in the group could not take its slot
-    for name in ("data.mdb", "lock.mdb"):
-        try:
-            set_mode(path / name, SHARED_FILE_MODE)
-        except PermissionError as e:  # another user's file: the daemon still works, readers may not
-            log.warning("cannot make %s mode %o (%s): trainers only in its group cannot read the cache",
-                        path / name, SHARED_FILE_MODE, e.strerror, extra={"event": "file_mode", "path": str(path)})
-    env.reader_check()  # clear slots of readers that died
-    dbs = {name: env.open_db(name) for name in DBS}
-    return env, dbs
 
 
 class Writer:

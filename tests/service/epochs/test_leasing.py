@@ -19,8 +19,9 @@ from samplecache_service.epochs.leasing import Leasing
 from samplecache_service.epochs.manager import UNREAD_GRANTS, EpochManager, EpochRules, build_manifest
 from samplecache_service.store.budget import Budget
 from samplecache_service.store.catalog import JOB_PREFIX, LEASE_PREFIX, Catalog
+from samplecache_service.store.lmdbmap import open_env
 from samplecache_service.store.shardtable import ShardTable
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.writer import Writer
 
 
 class Cache:

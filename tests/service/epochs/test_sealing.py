@@ -17,7 +17,8 @@ from samplecache_service.epochs.leases import LeaseTable
 from samplecache_service.epochs.manager import EpochManager, EpochRules
 from samplecache_service.store.budget import Budget
 from samplecache_service.store.catalog import Catalog, Shard, u64
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.lmdbmap import open_env
+from samplecache_service.store.writer import Writer
 
 
 def test_a_seal_names_only_the_sources_its_fields_have_entries_for(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from samplecache_service.store.catalog import Catalog
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.lmdbmap import open_env
+from samplecache_service.store.writer import Writer
 
 
 @pytest.fixture()

@@ -15,7 +15,7 @@ import pytest
 from samplecache_service.config.settings import Settings
 from samplecache_service.http.auth import resolve_token
 from samplecache_service.store.cachedir import lock_cache_dir
-from samplecache_service.store.writer import open_env
+from samplecache_service.store.lmdbmap import open_env
 
 
 def mode(path: Path) -> int:

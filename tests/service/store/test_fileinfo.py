@@ -10,7 +10,8 @@ from pathlib import Path
 from samplecache_service.remote.planner import Unit, build_units, unit_current
 from samplecache_service.store.catalog import Catalog
 from samplecache_service.store.fileinfo import READ, FileInfo
-from samplecache_service.store.writer import Writer, open_env
+from samplecache_service.store.lmdbmap import open_env
+from samplecache_service.store.writer import Writer
 
 # the files db's values as the daemon wrote them while the record was a dict (json.dumps of the dict)
 FOOTER = (b'{"row_groups": [10, 10], "row_group_bytes": [400, 400], "units": [[0, 1, 10], [1, 1, 10]], '
