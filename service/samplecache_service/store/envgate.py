@@ -66,9 +66,10 @@ class EnvGate:
                     finally:
                         left = weakref.ref(txn)
                         del txn  # the only reference left, as a rule: freed here, inside the gate
-                        if left() is not None:
+                        escaped = left()
+                        if escaped is not None:
                             with self._cond:
-                                self.kept.append(left())
+                                self.kept.append(escaped)
 
     def close(self, timeout: float, others_done: bool = True) -> bool:
         """Let no new user in, wait up to ``timeout`` s for those inside, then close the environment; False (left
